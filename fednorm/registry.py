@@ -1,0 +1,89 @@
+"""A small name -> builder registry, shared by models, norms, methods, datasets and partitions.
+
+Modelled on torchvision's ``_api.py`` and Opacus's accountant registry: builders register
+under a lowercase name with a decorator, lookups ignore case and treat ``-`` and ``_``
+alike, and an unknown name raises :class:`~fednorm.errors.UnknownNameError` listing the
+valid names and suggesting the closest one. ``name.tag`` selects a named variant (for
+example ``hbn.reference`` for a paper's released code) when it was registered as such.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from typing import Any, Callable, Generic, Iterable, TypeVar
+
+from .errors import UnknownNameError
+
+__all__ = ["Registry", "normalize_name"]
+
+T = TypeVar("T")
+
+
+def normalize_name(name: str) -> str:
+    """Canonical spelling of a registry key: lowercase, ``-`` and spaces become ``_``."""
+    if not isinstance(name, str):
+        raise TypeError(f"registry names must be strings, got {type(name).__name__}")
+    return name.strip().lower().replace("-", "_").replace(" ", "_")
+
+
+class Registry(Generic[T]):
+    """Maps names to builders (classes or functions).
+
+    Args:
+        kind: what is registered (``"model"``, ``"method"``, ...), used in messages.
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str | None = None, *, force: bool = False) -> Callable[[T], T]:
+        """Decorator registering a builder under ``name`` (default: its ``__name__``)."""
+
+        def decorator(obj: T) -> T:
+            self.add(name if name is not None else obj.__name__, obj, force=force)  # type: ignore[attr-defined]
+            return obj
+
+        return decorator
+
+    def add(self, name: str, obj: T, *, force: bool = False) -> None:
+        key = normalize_name(name)
+        if key in self._entries and not force:
+            raise ValueError(f"An entry is already registered under the name '{key}' in the {self.kind} registry")
+        self._entries[key] = obj
+
+    def list(self, include: str | Iterable[str] | None = None, exclude: str | Iterable[str] | None = None) -> list[str]:
+        """Sorted names, optionally filtered by fnmatch patterns."""
+        names = sorted(self._entries)
+        if include is not None:
+            pats = [include] if isinstance(include, str) else list(include)
+            names = [n for n in names if any(fnmatch.fnmatch(n, normalize_name(p)) for p in pats)]
+        if exclude is not None:
+            pats = [exclude] if isinstance(exclude, str) else list(exclude)
+            names = [n for n in names if not any(fnmatch.fnmatch(n, normalize_name(p)) for p in pats)]
+        return names
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and normalize_name(name) in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get_builder(self, name: str) -> T:
+        """The registered builder for ``name``; raises UnknownNameError with a suggestion."""
+        key = normalize_name(name)
+        try:
+            return self._entries[key]
+        except KeyError:
+            valid = self.list()
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise UnknownNameError(
+                f"Unknown {self.kind} '{name}'.{hint} Valid {self.kind}s are: {', '.join(valid)}"
+            ) from None
+
+    def build(self, name: str, **config: Any) -> Any:
+        """Call the builder with ``config``, dropping ``None`` values so builder defaults survive."""
+        builder = self.get_builder(name)
+        return builder(**{k: v for k, v in config.items() if v is not None})  # type: ignore[operator]
