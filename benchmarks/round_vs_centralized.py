@@ -1,0 +1,101 @@
+"""One federated round against centralized training of the same model at the same batch size.
+
+The foundation issue's reference measurement: CIFAR-10, 100 clients (Dirichlet 0.6), 10
+sampled per round, HBN's Simple-CNN, batch 4, SGD momentum 0.9, random crop + flip. A
+fednorm round (sequential executor) and a plain centralized PyTorch loop over the same number
+of samples run interleaved in one process, ``--repeats`` times; the medians are compared.
+
+    python benchmarks/round_vs_centralized.py --data-dir ../shared/data
+
+The centralized loop is the fastest plain loop we know (tensors in memory, one index_select
+per batch, the same augmentation), so the ratio measures the engine's overhead, not a
+DataLoader's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import data_dir, machine, median, timed, write_result  # noqa: E402
+
+from fednorm.config import ExperimentConfig  # noqa: E402
+from fednorm.data.transforms import random_crop_flip  # noqa: E402
+from fednorm.engine.simulator import Simulation  # noqa: E402
+
+
+def centralized(sim: Simulation, num_samples: int, batch_size: int, lr: float, seed: int) -> int:
+    """Plain PyTorch: the same model and augmentation on the whole training set."""
+    model = sim.model
+    model.load_state_dict(sim.global_state)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    x, y = sim.data.train_x, sim.data.train_y
+    g = torch.Generator().manual_seed(seed)
+    steps = num_samples // batch_size
+    perm = torch.randperm(len(x), generator=g)
+    for s in range(steps):
+        idx = perm[(s * batch_size) % len(x) : (s * batch_size) % len(x) + batch_size]
+        xb = random_crop_flip(x.index_select(0, idx), padding=4, generator=g)
+        loss = F.cross_entropy(model(xb), y.index_select(0, idx))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return steps * batch_size
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir")
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--num-clients", type=int, default=100)
+    ap.add_argument("--clients-per-round", type=int, default=10)
+    ap.add_argument("--model", default="simple_cnn")
+    ap.add_argument("--norm", default="bn")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default="benchmarks/results/round_vs_centralized.json")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    cfg = ExperimentConfig(
+        dataset="cifar10", data_dir=data_dir(args.data_dir), partition="dirichlet", alpha=0.6,
+        num_clients=args.num_clients, clients_per_round=args.clients_per_round, model=args.model, norm=args.norm,
+        batch_size=args.batch_size, lr=0.01, momentum=0.9, max_grad_norm=10.0, rounds=10_000, eval_every=10_000,
+    )
+    print(f"building {cfg.num_clients} clients of CIFAR-10 ...", flush=True)
+    sim = Simulation(cfg)
+    fed_rates, cen_rates, round_seconds, samples = [], [], [], []
+    for rep in range(args.repeats):
+        t_fed, record = timed(sim.step)
+        n = sim.executor.last_samples_seen
+        t_cen, n_cen = timed(lambda: centralized(sim, n, args.batch_size, cfg.lr, rep))
+        fed_rates.append(n / t_fed)
+        cen_rates.append(n_cen / t_cen)
+        round_seconds.append(t_fed)
+        samples.append(n)
+        print(f"repeat {rep + 1}: round {record.server_round} with {n} samples in {t_fed:.2f}s "
+              f"({n / t_fed:.0f} samples/s); centralized {n_cen / t_cen:.0f} samples/s", flush=True)
+    fed, cen = median(fed_rates), median(cen_rates)
+    print(f"\nmedian over {args.repeats}: fednorm round {fed:.0f} samples/s, centralized {cen:.0f} samples/s, "
+          f"ratio {fed / cen:.3f}x; one round takes {median(round_seconds):.2f}s")
+    write_result(args.out, {
+        "benchmark": "round_vs_centralized",
+        "config": cfg.model_dump(mode="json"),
+        "fednorm_samples_per_s": fed_rates,
+        "centralized_samples_per_s": cen_rates,
+        "round_seconds": round_seconds,
+        "samples_per_round": samples,
+        "ratio_median": fed / cen,
+        "machine": machine(),
+    })
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Python API: run or compare experiments from a notebook, with the same results as the CLI.
+
+Example:
+    >>> import fednorm
+    >>> result = fednorm.run(dataset="digits", partition="iid", rounds=5, out="runs/demo")
+    >>> result.summary["final_test_accuracy"]
+    >>> table = fednorm.compare(rounds=10, variants=[{"norm": "bn"}, {"norm": "gn"}])
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from torch import nn
+
+from .config import ExperimentConfig, load_config
+from .data.federated import FederatedData
+from .engine.outputs import RunWriter, default_run_dir
+from .engine.simulator import Simulation
+
+__all__ = ["RunResult", "CompareResult", "run", "compare", "resolve_config", "variant_label"]
+
+
+@dataclass
+class RunResult:
+    """What a finished run returns: its config, per-evaluation metrics, summary and model."""
+
+    config: ExperimentConfig
+    history: list[dict[str, Any]]
+    summary: dict[str, Any]
+    out_dir: Path | None
+    simulation: Simulation = field(repr=False)
+
+    @property
+    def model(self) -> nn.Module:
+        """The working model loaded with the final global state."""
+        return self.simulation.global_model()
+
+
+def resolve_config(config: ExperimentConfig | Mapping[str, Any] | str | Path | None = None, **overrides: Any) -> ExperimentConfig:
+    """A config from an object, a mapping or a YAML path, with keyword overrides applied."""
+    if isinstance(config, ExperimentConfig):
+        base = config.model_dump()
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return load_config(None, base)
+    if isinstance(config, (str, Path)):
+        return load_config(config, overrides)
+    merged = dict(config or {})
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    return load_config(None, merged)
+
+
+def run(
+    config: ExperimentConfig | Mapping[str, Any] | str | Path | None = None,
+    *,
+    data: FederatedData | None = None,
+    write: bool = True,
+    progress: bool | None = None,
+    **overrides: Any,
+) -> RunResult:
+    """Run one federated experiment.
+
+    Args:
+        config: an :class:`ExperimentConfig`, a mapping of fields, or a YAML path.
+        data: reuse already-built client data (same dataset/partition/seed).
+        write: write the run directory (``config.out`` or ``runs/<method>-<norm>-...``).
+        progress: show a progress bar (default: only on a terminal).
+        **overrides: config fields, e.g. ``rounds=5``.
+    """
+    cfg = resolve_config(config, **overrides)
+    sim = Simulation(cfg, data=data)
+    writer = None
+    if write:
+        out = Path(cfg.out) if cfg.out else default_run_dir(cfg)
+        cfg = cfg.model_copy(update={"out": str(out)})
+        sim.config = cfg
+        writer = RunWriter(out, cfg)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=cfg.rounds, desc=f"{cfg.method}+{cfg.norm}", unit="round", disable=None if progress is None else not progress, leave=False)
+    try:
+        for record in sim.rounds():
+            bar.update(1)
+            post = {"loss": f"{record.train_loss:.3f}"}
+            if record.metrics:
+                post["acc"] = f"{100 * record.metrics['test_accuracy']:.1f}"
+                if writer is not None:
+                    writer.log(record.metrics)
+            bar.set_postfix(post)
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+    summary = sim.summary()
+    if writer is not None:
+        writer.finish(summary, sim.history)
+    return RunResult(cfg, sim.history, summary, writer.dir if writer else None, sim)
+
+
+def variant_label(variant: Mapping[str, Any]) -> str:
+    """A short label such as ``fedavg+bn`` or ``fedavg+gn(lr=0.1)``."""
+    method = variant.get("method", "?")
+    norm = variant.get("norm", "?")
+    rest = {k: v for k, v in variant.items() if k not in ("method", "norm")}
+    extra = "(" + ", ".join(f"{k}={v}" for k, v in rest.items()) + ")" if rest else ""
+    return f"{method}+{norm}{extra}"
+
+
+@dataclass
+class CompareResult:
+    """Results of several variants run on the same data, partition and seed."""
+
+    results: dict[str, RunResult]
+    out_dir: Path | None
+
+    def rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for label, r in self.results.items():
+            s = r.summary
+            rows.append(
+                {
+                    "variant": label,
+                    "final_acc": s["final_test_accuracy"],
+                    "best_acc": s["best_test_accuracy"],
+                    "last10_acc": s["last10_mean_test_accuracy"],
+                    "mean_client_acc": s["final_mean_client_accuracy"],
+                    "final_test_loss": s["final_test_loss"],
+                    "rounds": s["rounds"],
+                    "wall_s": s["wall_seconds"],
+                    "uplink_MB": s["uplink_bytes"] / 1e6,
+                }
+            )
+        return rows
+
+    def markdown(self) -> str:
+        def pct(v: Any) -> str:
+            return "n/a" if v is None else f"{100 * v:.2f}"
+
+        lines = [
+            "| variant | final acc (%) | best acc (%) | last-10 acc (%) | mean client acc (%) | rounds | wall (s) | uplink (MB) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in self.rows():
+            lines.append(
+                f"| {r['variant']} | {pct(r['final_acc'])} | {pct(r['best_acc'])} | {pct(r['last10_acc'])} | "
+                f"{pct(r['mean_client_acc'])} | {r['rounds']} | {r['wall_s']:.1f} | {r['uplink_MB']:.2f} |"
+            )
+        return "\n".join(lines)
+
+    def csv(self) -> str:
+        buf = io.StringIO()
+        rows = self.rows()
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["variant"])
+        writer.writeheader()
+        writer.writerows(rows)
+        return buf.getvalue()
+
+
+DEFAULT_VARIANTS: tuple[dict[str, Any], ...] = (
+    {"method": "fedavg", "norm": "bn"},
+    {"method": "fedavg", "norm": "gn"},
+    {"method": "fedavg", "norm": "ln"},
+    {"method": "fedavg", "norm": "none"},
+)
+
+
+def compare(
+    config: ExperimentConfig | Mapping[str, Any] | str | Path | None = None,
+    *,
+    variants: Sequence[Mapping[str, Any]] = DEFAULT_VARIANTS,
+    out: str | Path | None = None,
+    progress: bool | None = None,
+    **overrides: Any,
+) -> CompareResult:
+    """Run several variants (method/norm/any field) on one setting and tabulate them.
+
+    Every variant shares the base config's data, partition and seed; the client data is built
+    once and reused. Writes ``results.md``, ``results.csv``, ``accuracy.png`` and one run
+    directory per variant under ``out`` (unless ``out`` is None and ``write`` is disabled).
+    """
+    base = resolve_config(config, **overrides)
+    root = Path(out) if out is not None else None
+    results: dict[str, RunResult] = {}
+    data = None
+    for variant in variants:
+        full = {"method": base.method, "norm": base.norm, **variant}
+        label = variant_label(full)
+        sub_out = str(root / label.replace("+", "_").replace("(", "_").replace(")", "").replace(", ", "_").replace("=", "")) if root else None
+        cfg = resolve_config(base, **full, out=sub_out)
+        data_keys = ("dataset", "data_dir", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args", "num_clients", "seed", "augment", "dtype", "device")
+        reuse = data is not None and all(getattr(cfg, k) == getattr(base, k) for k in data_keys)
+        result = run(cfg, data=data if reuse else None, write=root is not None, progress=progress)
+        if all(getattr(cfg, k) == getattr(base, k) for k in data_keys):
+            data = result.simulation.data
+        results[label] = result
+    comparison = CompareResult(results, root)
+    if root is not None:
+        from .plotting import plot_comparison
+
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "results.md").write_text(comparison.markdown() + "\n")
+        (root / "results.csv").write_text(comparison.csv())
+        plot_comparison(
+            {label: r.history for label, r in results.items()},
+            root / "accuracy.png",
+            title=f"{base.dataset}, {base.partition}, {base.num_clients} clients",
+        )
+    return comparison

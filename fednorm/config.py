@@ -1,0 +1,175 @@
+"""Experiment configuration: one validated, fully resolved description of a federated run.
+
+A run is reproducible from its ``config.yaml`` alone, so every setting lives here with its
+default, and unknown keys are rejected (a typo must never silently fall back to a default).
+The CLI builds its ``fednorm run`` options from these fields, so a YAML key and a command-line
+option always mean the same thing (``local_epochs`` <-> ``--local-epochs``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+__all__ = ["ExperimentConfig", "load_config", "format_validation_error"]
+
+
+class ExperimentConfig(BaseModel):
+    """Everything that defines one federated experiment.
+
+    Field groups: data and partition, model and norm, method, local training, evaluation, run.
+    Method-, norm- and model-specific options go in ``method_args``, ``norm_args`` and
+    ``model_args``; they are validated by the builder they are passed to.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # --- data and partition -----------------------------------------------------------------
+    dataset: str = Field("digits", description="dataset name (`fednorm list datasets`)")
+    data_dir: str | None = Field(None, description="folder holding the dataset files (default: $FEDNORM_DATA or ~/.cache/fednorm)")
+    download: bool = Field(False, description="download the dataset when it is missing (needs a network)")
+    partition: str = Field("dirichlet", description="how training data is split over clients (`fednorm list partitions`)")
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (dirichlet, quantity); smaller is more skewed")
+    classes_per_client: int = Field(2, ge=1, description="classes per client (classes partition)")
+    gamma: float = Field(0.5, ge=0, le=1, description="fraction of iid data (gamma partition, FBN paper)")
+    min_size: int = Field(1, ge=0, description="minimum training samples per client (dirichlet, quantity)")
+    partition_args: dict[str, Any] = Field(default_factory=dict, description="extra partition options, e.g. {mode: ring} for classes")
+    num_clients: int = Field(10, ge=1, description="number of clients")
+    clients_per_round: int | None = Field(None, ge=1, description="clients sampled per round (default: all)")
+    augment: bool | None = Field(None, description="train-time random crop + flip (default: the dataset's default)")
+
+    # --- model and normalization ------------------------------------------------------------
+    model: str = Field("simple_cnn", description="model architecture (`fednorm list models`)")
+    model_args: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments for the model builder")
+    norm: str = Field("bn", description="normalization layer (`fednorm list norms`)")
+    norm_args: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments for the norm layer, e.g. num_groups")
+
+    # --- method -----------------------------------------------------------------------------
+    method: str = Field("fedavg", description="federated method (`fednorm list methods`)")
+    method_args: dict[str, Any] = Field(default_factory=dict, description="method options, e.g. {weighting: uniform}")
+
+    # --- local training ---------------------------------------------------------------------
+    rounds: int = Field(30, ge=1, description="communication rounds")
+    local_epochs: int = Field(1, ge=1, description="local epochs per round (ignored when local_steps is set)")
+    local_steps: int | None = Field(None, ge=1, description="local SGD steps per round (overrides local_epochs)")
+    batch_size: int = Field(32, ge=1, description="local mini-batch size")
+    drop_last: bool = Field(False, description="drop each epoch's last incomplete batch")
+    lr: float = Field(0.05, gt=0, description="client learning rate")
+    momentum: float = Field(0.0, ge=0, lt=1, description="client SGD momentum (reset every round)")
+    weight_decay: float = Field(0.0, ge=0, description="client L2 weight decay")
+    max_grad_norm: float | None = Field(None, gt=0, description="clip the local gradient norm (HBN's code: 10)")
+    lr_decay: float = Field(1.0, gt=0, le=1, description="per-round multiplicative lr decay (HBN: 0.998)")
+    lr_milestones: list[int] = Field(default_factory=list, description="rounds at which lr is multiplied by lr_gamma")
+    lr_gamma: float = Field(0.1, gt=0, description="step-decay factor applied at each milestone")
+    dsgd: bool = Field(
+        False,
+        description="DSGD mode (FBN paper): one mini-batch gradient per client per round at the global weights, "
+        "averaged by the server; momentum is then the clients' persistent momentum",
+    )
+
+    # --- evaluation -------------------------------------------------------------------------
+    eval_every: int = Field(1, ge=1, description="evaluate every N rounds (the last round is always evaluated)")
+    eval_batch_size: int = Field(1024, ge=1, description="batch size for evaluation")
+
+    # --- run --------------------------------------------------------------------------------
+    seed: int = Field(0, ge=0, description="seed of every random choice (partition, init, sampling, batches)")
+    out: str | None = Field(None, description="run directory (default: runs/<method>-<norm>-<dataset>-<time>)")
+    executor: Literal["auto", "sequential"] = Field("auto", description="how a round's clients are executed")
+    device: str = Field("cpu", description="torch device")
+    dtype: Literal["float32", "float64"] = Field("float32", description="parameter dtype (float64 for exactness checks)")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads (default: torch's choice)")
+
+    @field_validator("dataset", "partition", "model", "norm", "method")
+    @classmethod
+    def _lowercase_names(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError("must not be empty")
+        return value.lower().replace("-", "_")
+
+    @field_validator("lr", "alpha", "gamma", "lr_decay", "lr_gamma", "momentum", "weight_decay")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError(f"must be a finite number, got {value}")
+        return value
+
+    @field_validator("lr_milestones")
+    @classmethod
+    def _sorted_milestones(cls, value: list[int]) -> list[int]:
+        if any(m < 1 for m in value):
+            raise ValueError(f"rounds start at 1, got {value}")
+        return sorted(value)
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> "ExperimentConfig":
+        if self.clients_per_round is not None and self.clients_per_round > self.num_clients:
+            raise ValueError(
+                f"clients_per_round={self.clients_per_round} exceeds num_clients={self.num_clients}"
+            )
+        return self
+
+    @property
+    def sampled_per_round(self) -> int:
+        return self.num_clients if self.clients_per_round is None else self.clients_per_round
+
+    def lr_at(self, server_round: int) -> float:
+        """Learning rate of round ``server_round`` (1-based): exponential decay times step decay."""
+        steps = sum(1 for m in self.lr_milestones if server_round >= m)
+        return self.lr * self.lr_decay ** (server_round - 1) * self.lr_gamma**steps
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def format_validation_error(err: ValidationError, source: str | None = None) -> str:
+    """One line per bad field: ``field: message (got value)``."""
+    where = f" in {source}" if source else ""
+    lines = [f"invalid configuration{where}:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(config)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (see `fednorm run --help` for valid fields)"
+        got = e.get("input")
+        got_txt = "" if e["type"] == "extra_forbidden" or isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"  {loc}: {msg}{got_txt}")
+    return "\n".join(lines)
+
+
+def load_config(
+    path: str | Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> ExperimentConfig:
+    """Build a config from an optional YAML file and keyword overrides (overrides win).
+
+    Raises:
+        ConfigError: the file is missing or not a mapping, or a field is unknown or invalid.
+    """
+    data: dict[str, Any] = {}
+    source = None
+    if path is not None:
+        source = str(path)
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {p} is not valid YAML: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p} must hold a mapping of fields, got {type(loaded).__name__}")
+        data.update(loaded)
+    if overrides:
+        data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return ExperimentConfig(**data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None

@@ -1,0 +1,122 @@
+"""Batched image transforms on tensors.
+
+Federated simulations run many small clients, so per-sample PIL pipelines would dominate
+the run time. These functions act on a whole batch at once with vectorized tensor ops (no
+Python loop over samples) and take an explicit ``torch.Generator``, so augmentation is
+reproducible per client and never touches the global RNG.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["normalize", "random_crop_flip"]
+
+
+def normalize(
+    x: np.ndarray | Tensor, mean: Sequence[float], std: Sequence[float]
+) -> Tensor:
+    """Turn uint8 ``N×H×W×C`` images into float32 ``N×C×H×W``, standardized per channel.
+
+    Computes ``(x / 255 - mean[c]) / std[c]``, the convention of torchvision's
+    ``ToTensor`` followed by ``Normalize``, in one pass over the batch.
+
+    Args:
+        x: uint8 images, ``N×H×W×C`` (numpy array or tensor; a tensor keeps its device).
+        mean: per-channel mean in [0, 1] units, length ``C``.
+        std: per-channel standard deviation in [0, 1] units, length ``C``, all positive.
+
+    Returns:
+        A new contiguous float32 tensor of shape ``N×C×H×W``.
+
+    Raises:
+        TypeError: if ``x`` is not uint8.
+        ValueError: if ``x`` is not 4-D or ``mean``/``std`` do not have ``C`` entries.
+    """
+    t = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
+    if not isinstance(t, Tensor):
+        raise TypeError(f"normalize expects a numpy array or a tensor, got {type(x).__name__}")
+    if t.dtype != torch.uint8:
+        raise TypeError(f"normalize expects uint8 images, got dtype {t.dtype}")
+    if t.dim() != 4:
+        raise ValueError(f"normalize expects N×H×W×C input (4D), got {t.dim()}D input")
+    channels = t.shape[-1]
+    if len(mean) != channels or len(std) != channels:
+        raise ValueError(
+            f"mean and std need one value per channel ({channels}), got {len(mean)} and {len(std)}"
+        )
+    if any(s <= 0 for s in std):
+        raise ValueError(f"std must be positive, got {tuple(std)}")
+    std_t = torch.tensor(std, dtype=torch.float64)
+    # Fold /255, -mean and /std into one scale and one shift (computed in float64) so the
+    # float32 batch is touched by only two in-place ops.
+    scale = (1.0 / (255.0 * std_t)).to(torch.float32).view(1, channels, 1, 1).to(t.device)
+    shift = (torch.tensor(mean, dtype=torch.float64) / std_t).to(torch.float32)
+    shift = shift.view(1, channels, 1, 1).to(t.device)
+    n, h, w, _ = t.shape
+    # One strided copy converts dtype and layout together, then two in-place passes.
+    out = torch.empty((n, channels, h, w), dtype=torch.float32, device=t.device)
+    out.copy_(t.permute(0, 3, 1, 2))
+    return out.mul_(scale).sub_(shift)
+
+
+def random_crop_flip(
+    x: Tensor,
+    *,
+    padding: int = 4,
+    flip: bool = True,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Zero-pad, crop back to size at a random offset, and mirror half of the samples.
+
+    The standard CIFAR training augmentation (torchvision's ``RandomCrop(H, padding)``
+    plus ``RandomHorizontalFlip()``), applied to a whole batch with one gather: each
+    sample gets its own crop offset in ``[0, 2·padding]²`` and its own flip with
+    probability 0.5.
+
+    Random numbers are drawn from ``generator`` (on its device) in a fixed order: the
+    row offsets (``B`` draws), the column offsets (``B``), then, when ``flip``, ``B``
+    uniforms. The same generator state therefore always gives the same output.
+
+    Args:
+        x: batch ``B×C×H×W`` of any floating or integer dtype.
+        padding: zero padding added on every side before cropping (default: 4).
+        flip: whether to flip horizontally with probability 0.5 (default: True).
+        generator: source of randomness (default: the global generator).
+
+    Returns:
+        A new tensor with the shape, dtype and device of ``x``.
+
+    Raises:
+        ValueError: if ``x`` is not 4-D or ``padding`` is negative.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"random_crop_flip expects a tensor, got {type(x).__name__}")
+    if x.dim() != 4:
+        raise ValueError(f"random_crop_flip expects B×C×H×W input (4D), got {x.dim()}D input")
+    if padding < 0:
+        raise ValueError(f"padding must be >= 0, got {padding}")
+    b, c, h, w = x.shape
+    rng_device = generator.device if generator is not None else x.device
+    top = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=rng_device)
+    left = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=rng_device)
+    if flip:
+        flipped = torch.rand(b, generator=generator, device=rng_device) < 0.5
+    else:
+        flipped = torch.zeros(b, dtype=torch.bool, device=rng_device)
+    top, left, flipped = top.to(x.device), left.to(x.device), flipped.to(x.device)
+
+    padded = F.pad(x, (padding, padding, padding, padding)) if padding else x
+    wp = w + 2 * padding
+    rows = top[:, None] + torch.arange(h, device=x.device)  # B×H
+    col_steps = torch.arange(w, device=x.device)
+    # A flipped sample reads its crop's columns right to left.
+    cols = left[:, None] + torch.where(flipped[:, None], (w - 1) - col_steps, col_steps)  # B×W
+    flat_index = (rows[:, :, None] * wp + cols[:, None, :]).view(b, 1, h * w)
+    out = padded.reshape(b, c, (h + 2 * padding) * wp).gather(2, flat_index.expand(b, c, h * w))
+    return out.view(b, c, h, w)

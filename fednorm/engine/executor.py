@@ -1,0 +1,115 @@
+"""Executors run one round's local training for the sampled clients.
+
+The sequential executor reuses one working model for every client (no deep copies): it loads
+the global shared tensors and the client's own tensors from the bank, trains, and writes the
+shared result into a stacked ``[K, ...]`` buffer, which is what methods aggregate over.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..data.federated import FederatedData
+from ..methods.base import ClientUpdates, Method
+from .bank import ClientStateBank
+from .local import LocalSpec, batch_plan, train_local
+from .rng import derive_seed, torch_generator
+
+__all__ = ["SequentialExecutor", "MOMENTUM_PREFIX"]
+
+MOMENTUM_PREFIX = "dsgd.momentum."
+
+
+class SequentialExecutor:
+    """Trains clients one after another on a shared working model."""
+
+    name = "sequential"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        method: Method,
+        data: FederatedData,
+        bank: ClientStateBank,
+        spec: LocalSpec,
+        seed: int,
+    ) -> None:
+        self.model = model
+        self.method = method
+        self.data = data
+        self.bank = bank
+        self.spec = spec
+        self.seed = seed
+        self.last_samples_seen = 0
+
+    def client_state(self, client_id: int, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Full model state of a client: global shared tensors plus its own local ones."""
+        state = dict(global_state)
+        if self.method.local_keys:
+            local = self.bank.get(client_id)
+            if local is None:
+                local = self.method.initial_client_state(client_id, global_state)
+            state.update({k: local[k] for k in self.method.local_keys})
+        return state
+
+    def run_round(
+        self, server_round: int, client_ids: list[int], global_state: dict[str, torch.Tensor], lr: float
+    ) -> ClientUpdates:
+        method, model, data, spec = self.method, self.model, self.data, self.spec
+        k = len(client_ids)
+        stacked = {
+            key: torch.empty((k, *global_state[key].shape), dtype=global_state[key].dtype, device=global_state[key].device)
+            for key in method.shared_keys
+        }
+        num_examples = torch.zeros(k, dtype=torch.float64)
+        train_loss = torch.full((k,), float("nan"), dtype=torch.float64)
+        num_steps = torch.zeros(k, dtype=torch.int64)
+        self.last_samples_seen = 0
+        for i, cid in enumerate(client_ids):
+            model.load_state_dict(self.client_state(cid, global_state))
+            idx = data.client_train[cid]
+            n = len(idx)
+            num_examples[i] = n
+            gen = torch_generator(self.seed, "batches", server_round, cid)
+            plan = batch_plan(
+                n,
+                spec.batch_size,
+                epochs=spec.epochs,
+                steps=1 if spec.dsgd else spec.steps,
+                drop_last=spec.drop_last,
+                generator=gen,
+            )
+            # Dropout and any other module randomness draw from the global RNG: seed it per client.
+            torch.manual_seed(derive_seed(self.seed, "module-rng", server_round, cid))
+            saved = self.bank.get(cid) or {}
+            momentum = {n_[len(MOMENTUM_PREFIX):]: v for n_, v in saved.items() if n_.startswith(MOMENTUM_PREFIX)}
+            result = train_local(
+                model,
+                data.train_x.index_select(0, idx),
+                data.train_y.index_select(0, idx),
+                plan,
+                lr=lr,
+                spec=spec,
+                generator=gen,
+                momentum=momentum or None,
+                where=f"round {server_round}, client {cid}, method {method.name}",
+            )
+            train_loss[i] = result.mean_loss
+            num_steps[i] = result.steps
+            self.last_samples_seen += result.num_seen
+            state = model.state_dict()
+            for key in method.shared_keys:
+                stacked[key][i].copy_(state[key])
+            keep = {key: state[key] for key in method.local_keys}
+            if result.momentum is not None:
+                keep.update({MOMENTUM_PREFIX + n_: v for n_, v in result.momentum.items()})
+            if keep:
+                self.bank.put(cid, keep)
+        return ClientUpdates(
+            client_ids=list(client_ids),
+            states=stacked,
+            num_examples=num_examples,
+            train_loss=train_loss,
+            num_steps=num_steps,
+        )

@@ -1,0 +1,169 @@
+"""Local training of one client: the batch plan and the SGD loop.
+
+Kept free of any notion of rounds or servers so the sequential executor, a future
+vectorized executor and a distributed worker share the same rules: the same batches for the
+same (seed, round, client), a fresh optimiser every round (HBN's, FedBN's and FedTAN's code
+all re-create it), optional gradient clipping (HBN's code clips at 10), and DSGD's
+persistent client momentum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import DivergenceError
+
+__all__ = ["LocalSpec", "LocalResult", "batch_plan", "train_local"]
+
+
+@dataclass(frozen=True)
+class LocalSpec:
+    """How a client trains in one round (resolved from the experiment config)."""
+
+    batch_size: int
+    epochs: int = 1
+    steps: int | None = None
+    drop_last: bool = False
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = None
+    dsgd: bool = False
+    augment: bool = False
+    crop_padding: int = 4
+
+
+@dataclass
+class LocalResult:
+    loss_sum: float = 0.0
+    num_seen: int = 0
+    steps: int = 0
+    momentum: dict[str, torch.Tensor] | None = None
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / self.num_seen if self.num_seen else float("nan")
+
+
+def batch_plan(
+    num_samples: int,
+    batch_size: int,
+    *,
+    epochs: int = 1,
+    steps: int | None = None,
+    drop_last: bool = False,
+    generator: torch.Generator | None = None,
+) -> list[torch.Tensor]:
+    """Positions (into a client's index array) of each local mini-batch.
+
+    With ``steps``, batches are consecutive slices of a stream of fresh permutations, so a
+    client with fewer than ``steps * batch_size`` samples reshuffles between passes (the LN
+    paper's "fresh shuffled pass"); a client smaller than one batch uses all its samples in
+    each step. Otherwise ``epochs`` shuffled passes; a trailing batch of one sample is dropped
+    when the pass has other batches, because BatchNorm cannot normalise a single value.
+    """
+    if num_samples <= 0:
+        return []
+    if steps is not None:
+        bs = min(batch_size, num_samples)
+        stream: list[torch.Tensor] = []
+        have = 0
+        while have < steps * bs:
+            stream.append(torch.randperm(num_samples, generator=generator))
+            have += num_samples
+        flat = torch.cat(stream)
+        return [flat[i * bs : (i + 1) * bs] for i in range(steps)]
+    plan: list[torch.Tensor] = []
+    for _ in range(epochs):
+        perm = torch.randperm(num_samples, generator=generator)
+        chunks = list(perm.split(batch_size))
+        if len(chunks) > 1 and (drop_last and len(chunks[-1]) < batch_size or len(chunks[-1]) == 1):
+            chunks = chunks[:-1]
+        plan.extend(chunks)
+    return plan
+
+
+def _dsgd_step(
+    params: list[tuple[str, nn.Parameter]], lr: float, spec: LocalSpec, momentum: dict[str, torch.Tensor] | None
+) -> dict[str, torch.Tensor]:
+    """One DSGD client step: m <- beta*m + (1-beta)*g (byzfl's convention, FBN spec §4), w <- w - lr*m."""
+    beta = spec.momentum
+    new_m: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, p in params:
+            g = torch.zeros_like(p) if p.grad is None else p.grad
+            if spec.weight_decay:
+                g = g + spec.weight_decay * p
+            prev = momentum.get(name) if momentum else None
+            m = g.clone() if prev is None and beta == 0 else (
+                (1 - beta) * g if prev is None else beta * prev + (1 - beta) * g
+            )
+            p.sub_(lr * m)
+            new_m[name] = m
+    return new_m
+
+
+def train_local(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    plan: list[torch.Tensor],
+    *,
+    lr: float,
+    spec: LocalSpec,
+    generator: torch.Generator | None = None,
+    momentum: dict[str, torch.Tensor] | None = None,
+    loss_hook: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None,
+    where: str = "",
+) -> LocalResult:
+    """Run ``plan``'s mini-batches of SGD on ``(x, y)`` in place on ``model``.
+
+    Args:
+        model: trained in place (put in train mode).
+        x, y: this client's samples (already gathered).
+        plan: index tensors into ``x`` from :func:`batch_plan`.
+        lr: learning rate of this round.
+        spec: local optimisation settings.
+        generator: draws the augmentation's random crops and flips.
+        momentum: DSGD's persistent client momentum (name -> tensor), if ``spec.dsgd``.
+        loss_hook: maps (model, data loss) to the loss to minimise (FedProx, MOON, ...).
+        where: "round R, client C, method M", named in a DivergenceError.
+
+    Raises:
+        DivergenceError: the loss became NaN or Inf.
+    """
+    from ..data.transforms import random_crop_flip
+
+    model.train()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    opt = None
+    if not spec.dsgd:
+        opt = torch.optim.SGD(params, lr=lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+    result = LocalResult()
+    for batch in plan:
+        xb = x.index_select(0, batch)
+        yb = y.index_select(0, batch)
+        if spec.augment:
+            xb = random_crop_flip(xb, padding=spec.crop_padding, generator=generator)
+        loss = F.cross_entropy(model(xb), yb)
+        if not torch.isfinite(loss):
+            raise DivergenceError(f"non-finite training loss ({loss.item()}) at {where or 'local training'}, step {result.steps + 1}")
+        total = loss_hook(model, loss) if loss_hook is not None else loss
+        for p in params:
+            p.grad = None
+        total.backward()
+        if spec.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
+        if spec.dsgd:
+            result.momentum = _dsgd_step(named, lr, spec, momentum)
+        else:
+            opt.step()  # type: ignore[union-attr]
+        result.loss_sum += float(loss.detach()) * len(batch)
+        result.num_seen += len(batch)
+        result.steps += 1
+    return result

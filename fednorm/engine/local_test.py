@@ -1,0 +1,43 @@
+import torch
+
+from fednorm.engine.local import batch_plan
+from fednorm.engine.rng import derive_seed, torch_generator
+
+
+def test_epochs_visit_every_sample_once_per_epoch():
+    g = torch.Generator().manual_seed(0)
+    plan = batch_plan(23, 5, epochs=3, generator=g)
+    flat = torch.cat(plan)
+    assert len(flat) == 69
+    for e in range(3):
+        # batches never straddle epochs: each epoch is 5 batches (5,5,5,5,3)
+        epoch = torch.cat(plan[5 * e : 5 * e + 5])
+        assert sorted(epoch.tolist()) == list(range(23))
+
+
+def test_trailing_singleton_batch_is_dropped_and_drop_last_honoured():
+    assert [len(b) for b in batch_plan(11, 5, generator=torch.Generator().manual_seed(0))] == [5, 5]
+    assert [len(b) for b in batch_plan(13, 5, drop_last=True, generator=torch.Generator().manual_seed(0))] == [5, 5]
+    assert [len(b) for b in batch_plan(13, 5, generator=torch.Generator().manual_seed(0))] == [5, 5, 3]
+    assert [len(b) for b in batch_plan(1, 5, generator=torch.Generator().manual_seed(0))] == [1]
+
+
+def test_steps_mode_cycles_fresh_permutations():
+    plan = batch_plan(7, 3, steps=5, generator=torch.Generator().manual_seed(1))
+    assert [len(b) for b in plan] == [3] * 5
+    flat = torch.cat(plan)
+    assert sorted(flat[:7].tolist()) == list(range(7))  # first pass is a permutation
+    small = batch_plan(2, 8, steps=3, generator=torch.Generator().manual_seed(1))
+    assert [sorted(b.tolist()) for b in small] == [[0, 1]] * 3
+
+
+def test_empty_client_has_no_batches():
+    assert batch_plan(0, 4) == []
+
+
+def test_derived_seeds_are_stable_and_distinct():
+    a = derive_seed(0, "batches", 3, 7)
+    assert a == derive_seed(0, "batches", 3, 7)
+    assert len({a, derive_seed(0, "batches", 3, 8), derive_seed(0, "batches", 4, 7), derive_seed(1, "batches", 3, 7)}) == 4
+    x = torch.rand(3, generator=torch_generator(5, "x"))
+    assert torch.equal(x, torch.rand(3, generator=torch_generator(5, "x")))

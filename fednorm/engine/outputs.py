@@ -1,0 +1,83 @@
+"""The run directory: a contract that benchmarks and users rely on.
+
+``config.yaml`` (fully resolved; ``fednorm run --config RUN/config.yaml`` repeats the run),
+``metrics.jsonl`` (one JSON object per evaluation, flushed as it is written),
+``summary.json`` and ``accuracy.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from ..config import ExperimentConfig
+
+__all__ = ["RunWriter", "read_metrics", "read_summary", "default_run_dir"]
+
+
+def _clean(value: Any) -> Any:
+    """JSON cannot hold NaN/Inf: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def default_run_dir(config: ExperimentConfig, root: str | Path = "runs") -> Path:
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{config.method}-{config.norm}-{config.dataset}-{stamp}"
+    path, i = base, 1
+    while path.exists():
+        path = Path(f"{base}-{i}")
+        i += 1
+    return path
+
+
+class RunWriter:
+    """Writes one run's directory as the run progresses."""
+
+    def __init__(self, out_dir: str | Path, config: ExperimentConfig) -> None:
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self._atomic_write("config.yaml", config.to_yaml())
+        self._metrics = open(self.dir / "metrics.jsonl", "w")
+
+    def _atomic_write(self, name: str, text: str) -> None:
+        tmp = self.dir / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.dir / name)
+
+    def log(self, record: dict[str, Any]) -> None:
+        self._metrics.write(json.dumps(_clean(record)) + "\n")
+        self._metrics.flush()
+
+    def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        self._metrics.close()
+        self._atomic_write("summary.json", json.dumps(_clean(summary), indent=2) + "\n")
+        if history:
+            from ..plotting import plot_accuracy
+
+            cfg = self.config
+            plot_accuracy(history, self.dir / "accuracy.png", title=f"{cfg.method} + {cfg.norm} on {cfg.dataset} ({cfg.partition})")
+
+    def close(self) -> None:
+        if not self._metrics.closed:
+            self._metrics.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    with open(Path(run_dir) / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / "summary.json").read_text())

@@ -1,0 +1,297 @@
+"""The in-process federated simulator: the round loop that every method plugs into.
+
+A round: sample clients (seeded per round), run their local training through an executor,
+let the method aggregate, account communication, evaluate every ``eval_every`` rounds.
+Server rounds start at 1, as in Flower.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config import ExperimentConfig
+from ..data.federated import FederatedData, build_federated_data
+from ..errors import ConfigError, DivergenceError
+from ..methods import Method, get_method
+from ..models import get_model
+from .bank import ClientStateBank
+from .evaluation import evaluate
+from .executor import SequentialExecutor
+from .local import LocalSpec
+from .rng import derive_seed, numpy_rng
+
+__all__ = ["Simulation", "check_names", "tensor_bytes"]
+
+
+def tensor_bytes(state: dict[str, torch.Tensor], keys: list[str] | None = None) -> int:
+    keys = list(state) if keys is None else keys
+    return sum(state[k].numel() * state[k].element_size() for k in keys)
+
+
+def check_names(config: ExperimentConfig) -> None:
+    """Fail fast, before loading any data, on unknown registry names."""
+    from ..data.datasets import DATASETS
+    from ..data.partition import PARTITIONS
+    from ..methods import METHODS
+    from ..models import MODELS
+    from ..nn.norms import NORMS
+
+    for registry, value, field_name in (
+        (DATASETS, config.dataset, "dataset"),
+        (PARTITIONS, config.partition, "partition"),
+        (MODELS, config.model, "model"),
+        (NORMS, config.norm, "norm"),
+        (METHODS, config.method, "method"),
+    ):
+        try:
+            registry.get_builder(value)
+        except ValueError as exc:
+            raise ConfigError(f"{field_name}: {exc}") from None
+
+
+@dataclass
+class RoundRecord:
+    server_round: int
+    client_ids: list[int]
+    train_loss: float
+    lr: float
+    seconds: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class Simulation:
+    """One federated experiment, run in this process.
+
+    Args:
+        config: the experiment.
+        data: a prepared :class:`FederatedData` (default: built from the config).
+
+    Example:
+        >>> sim = Simulation(ExperimentConfig(rounds=5))
+        >>> for record in sim.rounds():
+        ...     print(record.server_round, record.metrics.get("test_accuracy"))
+    """
+
+    def __init__(self, config: ExperimentConfig, data: FederatedData | None = None) -> None:
+        check_names(config)
+        self.config = config
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        self.device = torch.device(config.device)
+        self.dtype = torch.float64 if config.dtype == "float64" else torch.float32
+        if data is None:
+            data = build_federated_data(
+                config.dataset,
+                num_clients=config.num_clients,
+                partition_name=config.partition,
+                seed=config.seed,
+                data_dir=config.data_dir,
+                download=config.download,
+                augment=config.augment,
+                alpha=config.alpha,
+                classes_per_client=config.classes_per_client,
+                gamma=config.gamma,
+                min_size=config.min_size,
+                **config.partition_args,
+            )
+        elif data.num_clients != config.num_clients:
+            raise ConfigError(f"num_clients={config.num_clients} but the data has {data.num_clients} clients")
+        self.data = data.to(self.device, self.dtype)
+        if self.data.client_sizes().sum() == 0:
+            raise ConfigError("every client is empty; check the partition settings")
+
+        torch.manual_seed(derive_seed(config.seed, "model-init"))
+        info = self.data.info
+        try:
+            self.model: nn.Module = get_model(
+                config.model,
+                num_classes=info.num_classes,
+                in_channels=info.in_channels,
+                input_size=info.image_size,
+                norm=config.norm,
+                norm_args=config.norm_args,
+                **config.model_args,
+            )
+        except TypeError as exc:
+            raise ConfigError(
+                f"model '{config.model}' with norm '{config.norm}' rejected its options "
+                f"(model_args={config.model_args}, norm_args={config.norm_args}): {exc}"
+            ) from None
+        self.model.to(device=self.device, dtype=self.dtype)
+        self.method: Method = get_method(config.method, **config.method_args)
+        self.method.setup(self.model)
+        if self.method.requires_lockstep:
+            raise ConfigError(f"method '{config.method}' needs a lockstep executor, which this build does not provide")
+        self.global_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.bank = ClientStateBank(self.device)
+        self.spec = LocalSpec(
+            batch_size=config.batch_size,
+            epochs=config.local_epochs,
+            steps=config.local_steps,
+            drop_last=config.drop_last,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            max_grad_norm=config.max_grad_norm,
+            dsgd=config.dsgd,
+            augment=self.data.augment,
+            crop_padding=info.crop_padding,
+        )
+        self.executor = SequentialExecutor(self.model, self.method, self.data, self.bank, self.spec, config.seed)
+        self.server_round = 0
+        self.uplink_bytes = 0
+        self.downlink_bytes = 0
+        self.comm_rounds = 0
+        self.samples_trained = 0
+        self.wall_seconds = 0.0
+        self.history: list[dict[str, Any]] = []
+
+    # -- one round --------------------------------------------------------------------------
+    def sample_clients(self, server_round: int) -> list[int]:
+        """The round's clients: all, or a seeded sample without replacement (sorted)."""
+        k, m = self.config.num_clients, self.config.sampled_per_round
+        if m >= k:
+            return list(range(k))
+        rng = numpy_rng(self.config.seed, "client-sampling", server_round)
+        return sorted(int(c) for c in rng.choice(k, size=m, replace=False))
+
+    def step(self) -> RoundRecord:
+        """Run the next round (train, aggregate, and evaluate when due)."""
+        server_round = self.server_round + 1
+        start = time.perf_counter()
+        clients = self.sample_clients(server_round)
+        lr = self.config.lr_at(server_round)
+        updates = self.executor.run_round(server_round, clients, self.global_state, lr)
+        updates.check({k: self.global_state[k] for k in self.method.shared_keys})
+        new_shared = self.method.aggregate(server_round, self.global_state, updates)
+        for key, value in new_shared.items():
+            if value.is_floating_point() and not torch.isfinite(value).all():
+                raise DivergenceError(
+                    f"aggregated parameter '{key}' is not finite after round {server_round} "
+                    f"(method {self.method.name}); lower the learning rate or clip gradients (max_grad_norm)"
+                )
+            self.global_state[key] = value
+        active = int((updates.num_examples > 0).sum())
+        shared_bytes = tensor_bytes(self.global_state, self.method.shared_keys)
+        self.downlink_bytes += shared_bytes * len(clients)
+        self.uplink_bytes += shared_bytes * active + sum(
+            t[0].numel() * t.element_size() * active for t in updates.extras.values()
+        )
+        self.comm_rounds += self.method.comm_rounds_per_round(self.model)
+        self.samples_trained += self.executor.last_samples_seen
+        w = updates.num_examples
+        valid = torch.isfinite(updates.train_loss) & (w > 0)
+        train_loss = float((updates.train_loss[valid] * w[valid]).sum() / w[valid].sum()) if valid.any() else math.nan
+        self.wall_seconds += time.perf_counter() - start
+        self.server_round = server_round
+        record = RoundRecord(server_round, clients, train_loss, lr, time.perf_counter() - start)
+        if server_round % self.config.eval_every == 0 or server_round == self.config.rounds:
+            record.metrics = self.evaluate()
+            record.metrics.update(
+                {
+                    "round": server_round,
+                    "train_loss": train_loss,
+                    "lr": lr,
+                    "wall_seconds": self.wall_seconds,
+                    "uplink_bytes": self.uplink_bytes,
+                    "downlink_bytes": self.downlink_bytes,
+                    "comm_rounds": self.comm_rounds,
+                    "samples_trained": self.samples_trained,
+                }
+            )
+            self.history.append(record.metrics)
+        return record
+
+    def rounds(self) -> Iterator[RoundRecord]:
+        """Run the remaining rounds, yielding each round's record."""
+        while self.server_round < self.config.rounds:
+            yield self.step()
+
+    # -- evaluation -------------------------------------------------------------------------
+    def client_model(self, client_id: int) -> nn.Module:
+        """The working model loaded with ``client_id``'s model (global + its local tensors)."""
+        self.model.load_state_dict(self.executor.client_state(client_id, self.global_state))
+        return self.model
+
+    def global_model(self) -> nn.Module:
+        """The working model loaded with the global state."""
+        self.model.load_state_dict(self.global_state)
+        return self.model
+
+    def evaluate(self) -> dict[str, Any]:
+        """Global test accuracy/loss and each client's accuracy on its own test split.
+
+        For personalized methods (local tensors, e.g. FedBN) there is no single global model:
+        each client is evaluated with its own model on its split, and ``test_accuracy`` is the
+        sample-weighted accuracy over all clients' splits.
+        """
+        data, bs = self.data, self.config.eval_batch_size
+        start = time.perf_counter()
+        client_acc: list[float | None] = []
+        if self.method.personalized:
+            correct = 0
+            total = 0
+            loss_sum = 0.0
+            for cid in range(data.num_clients):
+                ix = data.client_test[cid]
+                if len(ix) == 0:
+                    client_acc.append(None)
+                    continue
+                res = evaluate(self.client_model(cid), data.test_x[ix], data.test_y[ix], batch_size=bs)
+                client_acc.append(res.accuracy)
+                correct += int(res.correct.sum())
+                total += res.num_samples
+                loss_sum += res.loss * res.num_samples
+            test_acc = correct / total if total else math.nan
+            test_loss = loss_sum / total if total else math.nan
+        else:
+            res = evaluate(self.global_model(), data.test_x, data.test_y, batch_size=bs)
+            test_acc, test_loss = res.accuracy, res.loss
+            for ix in data.client_test:
+                client_acc.append(float(res.correct[ix].double().mean()) if len(ix) else None)
+        valid = [a for a in client_acc if a is not None]
+        self.wall_seconds += time.perf_counter() - start
+        return {
+            "test_accuracy": test_acc,
+            "test_loss": test_loss,
+            "mean_client_accuracy": float(np.mean(valid)) if valid else math.nan,
+            "client_accuracies": client_acc,
+        }
+
+    # -- summary ----------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        accs = [h["test_accuracy"] for h in self.history]
+        last = self.history[-1] if self.history else {}
+        best_i = int(np.nanargmax(accs)) if accs and not all(math.isnan(a) for a in accs) else None
+        cfg = self.config
+        return {
+            "method": cfg.method,
+            "norm": cfg.norm,
+            "model": cfg.model,
+            "dataset": cfg.dataset,
+            "partition": cfg.partition,
+            "num_clients": cfg.num_clients,
+            "clients_per_round": cfg.sampled_per_round,
+            "seed": cfg.seed,
+            "rounds": self.server_round,
+            "final_test_accuracy": last.get("test_accuracy"),
+            "final_test_loss": last.get("test_loss"),
+            "best_test_accuracy": accs[best_i] if best_i is not None else None,
+            "best_round": self.history[best_i]["round"] if best_i is not None else None,
+            "last10_mean_test_accuracy": float(np.mean(accs[-10:])) if accs else None,
+            "final_mean_client_accuracy": last.get("mean_client_accuracy"),
+            "wall_seconds": self.wall_seconds,
+            "samples_trained": self.samples_trained,
+            "samples_per_second": self.samples_trained / self.wall_seconds if self.wall_seconds else None,
+            "uplink_bytes": self.uplink_bytes,
+            "downlink_bytes": self.downlink_bytes,
+            "comm_rounds": self.comm_rounds,
+            "executor": self.executor.name,
+            "method_summary": self.method.summary(),
+        }

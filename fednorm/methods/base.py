@@ -1,0 +1,138 @@
+"""The method interface: what a federated algorithm decides, and nothing the engine owns.
+
+Like Flower's ``Strategy``, a method is small: which model tensors are shared and which stay
+on each client (selected by module type), how the server aggregates the shared ones, whether
+each client is evaluated with its own model, and which extra phases it needs. The engine owns
+the round loop, client sampling, local training and evaluation, so one method runs unchanged
+under every executor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..errors import InconsistentUpdateError
+
+__all__ = ["ClientUpdates", "Method", "weighted_average"]
+
+
+@dataclass
+class ClientUpdates:
+    """What a round's clients send back, stacked over a leading client axis.
+
+    Attributes:
+        client_ids: the clients, in the order of the client axis.
+        states: shared tensors after local training, each of shape ``[K, *shape]``.
+        num_examples: training samples of each client (``[K]``, float64), the FedAvg weights.
+        train_loss: mean local training loss of each client (``[K]``).
+        num_steps: local steps each client took (``[K]``).
+        extras: method-specific uploads (e.g. statistics), stacked the same way.
+    """
+
+    client_ids: list[int]
+    states: dict[str, torch.Tensor]
+    num_examples: torch.Tensor
+    train_loss: torch.Tensor
+    num_steps: torch.Tensor
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.client_ids)
+
+    def check(self, expected: dict[str, torch.Tensor]) -> None:
+        """Raise InconsistentUpdateError unless keys, shapes and dtypes match ``expected``."""
+        missing = set(expected) - set(self.states)
+        extra = set(self.states) - set(expected)
+        if missing or extra:
+            raise InconsistentUpdateError(
+                f"client updates have wrong keys: missing {sorted(missing)}, unexpected {sorted(extra)}"
+            )
+        k = len(self.client_ids)
+        for key, ref in expected.items():
+            got = self.states[key]
+            if got.shape != (k, *ref.shape) or got.dtype != ref.dtype:
+                raise InconsistentUpdateError(
+                    f"client update '{key}' has shape {tuple(got.shape)} and dtype {got.dtype}, "
+                    f"expected {(k, *ref.shape)} and {ref.dtype}"
+                )
+
+
+def weighted_average(stacked: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted mean over the client axis; integer tensors (BN's counter) take the maximum.
+
+    ``weights`` need not be normalised. Floating tensors are reduced in float64 and cast back,
+    so the result does not depend on the order of clients beyond float rounding.
+    """
+    if not stacked.is_floating_point():
+        return stacked.max(dim=0).values
+    w = weights.to(torch.float64)
+    w = w / w.sum()
+    out = torch.tensordot(w, stacked.to(torch.float64), dims=1)
+    return out.to(stacked.dtype)
+
+
+class Method:
+    """Base class of federated methods; the default behaviour is FedAvg over every tensor.
+
+    Subclasses override :meth:`select_local_keys` (what stays on the client) and
+    :meth:`aggregate` (how shared tensors are combined).
+
+    Class attributes:
+        name: registry key.
+        personalized: evaluate each client with its own model (shared tensors + its local ones).
+        requires_lockstep: needs all clients of a round to execute step by step together
+            (cross-client reductions inside the forward pass, e.g. FedTAN).
+    """
+
+    name: ClassVar[str] = "base"
+    personalized: ClassVar[bool] = False
+    requires_lockstep: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.state_keys: list[str] = []
+        self.local_keys: set[str] = set()
+        self.shared_keys: list[str] = []
+
+    # -- model policy -----------------------------------------------------------------------
+    def setup(self, model: nn.Module) -> None:
+        """Inspect the model once, before round 1, and fix the shared/local split."""
+        self.state_keys = list(model.state_dict().keys())
+        self.local_keys = set(self.select_local_keys(model))
+        self.shared_keys = [k for k in self.state_keys if k not in self.local_keys]
+
+    def select_local_keys(self, model: nn.Module) -> set[str]:
+        """State-dict keys that never leave a client (select by module type)."""
+        return set()
+
+    def initial_client_state(self, client_id: int, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A client's local tensors before its first round (default: the global initialisation)."""
+        return {k: global_state[k].clone() for k in self.local_keys}
+
+    # -- server -----------------------------------------------------------------------------
+    def client_weights(self, updates: ClientUpdates) -> torch.Tensor:
+        return updates.num_examples
+
+    def aggregate(
+        self, server_round: int, global_state: dict[str, torch.Tensor], updates: ClientUpdates
+    ) -> dict[str, torch.Tensor]:
+        """New values of the shared tensors (default: weighted average of every shared tensor)."""
+        weights = self.client_weights(updates)
+        return {k: weighted_average(updates.states[k], weights) for k in self.shared_keys}
+
+    # -- communication ----------------------------------------------------------------------
+    def comm_rounds_per_round(self, model: nn.Module) -> int:
+        """Synchronisation rounds per server round (FedAvg: one exchange)."""
+        return 1
+
+    # -- reporting --------------------------------------------------------------------------
+    def hparams(self) -> dict[str, Any]:
+        return {}
+
+    def summary(self) -> str:
+        hp = ", ".join(f"{k}={v}" for k, v in self.hparams().items())
+        local = f"{len(self.local_keys)} local tensors" if self.local_keys else "all tensors shared"
+        return f"{self.name}({hp}) — {local}"

@@ -1,0 +1,282 @@
+"""The small CNNs of the papers: HBN's Simple-CNN, FedBN's digits CNN, FBN's CNN, the LN paper's CNN.
+
+Each follows its spec note layer by layer, with the normalization replaced by ``norm_layer``
+(``"bn"`` reproduces the papers' BN models, ``"gn"``/``"ln"``/``"none"`` their baselines). Where
+the papers fix 32×32 (CIFAR) or 28×28 (digits) inputs, flatten sizes are computed from
+``input_size`` instead; on small inputs a 2×2 max-pool that would shrink a map below 1×1 is
+skipped (:func:`~fednorm.models.base.maybe_max_pool`), so every model also runs on 8×8 digits.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..nn.norms import NormSpec, get_norm_layer
+from .base import ClassifierModel, conv_out_size, maybe_max_pool, to_hw, validate_common
+from .registry import register_model
+
+__all__ = ["SimpleCNN", "FedBNCNN", "FBNCNN", "LNCNN", "simple_cnn", "fedbn_cnn", "fbn_cnn", "ln_cnn"]
+
+
+class SimpleCNN(ClassifierModel):
+    """HBN's Simple-CNN (spec/000_hbn.md §2.2; HBN Table 7, code ``Nets.py SimpleCNN``).
+
+    Three blocks ``Conv2d(k3, s1, p1) → Norm → ReLU → MaxPool(2)`` with 16, 32 and 64 channels,
+    then ``Linear(64·h·w → 128) → ReLU`` and the head ``Linear(128 → C)``. There is no norm in the
+    FC layers and no dropout; convolutions keep their bias (torch default), as in HBN's code.
+    On CIFAR (3×32×32) the flattened map is 64×4×4 = 1024; ``num_features`` is 128.
+
+    Note: HBN's FedFN baseline normalizes the 1024-d flattened map (before ``fc``), not the
+    128-d ``forward_features`` output; ``self.features`` exposes that tensor.
+
+    Args:
+        num_classes: number of logits.
+        in_channels: input channels.
+        input_size: input ``(H, W)`` or side length.
+        norm_layer: norm specification, resolved by ``get_norm_layer`` (None = no norm).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        input_size: int | Sequence[int] = 32,
+        norm_layer: NormSpec = "bn",
+    ) -> None:
+        super().__init__()
+        validate_common(num_classes, in_channels)
+        norm_layer = get_norm_layer(norm_layer)
+        hw = to_hw(input_size)
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for width in (16, 32, 64):
+            pool, hw = maybe_max_pool(hw)
+            layers += [nn.Conv2d(channels, width, 3, 1, 1), norm_layer(width), nn.ReLU(inplace=True), pool]
+            channels = width
+        self.features = nn.Sequential(*layers, nn.Flatten())
+        self.fc = nn.Sequential(nn.Linear(channels * hw[0] * hw[1], 128), nn.ReLU(inplace=True))
+        self.num_features = 128
+        self.num_classes = num_classes
+        self.head = nn.Linear(128, num_classes)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x))
+
+
+class FedBNCNN(ClassifierModel):
+    """FedBN's digits CNN (spec/004_fedbn.md §2.1; FedBN Table 3, code ``nets/models.py DigitModel``).
+
+    ``Conv2d(k5, s1, p2)`` layers with 64, 64 and 128 channels, each followed by Norm and ReLU,
+    with ``MaxPool(2)`` after the first two; then ``Linear(128·h·w → 2048) → Norm1d → ReLU →
+    Linear(2048 → 512) → Norm1d → ReLU`` and the head ``Linear(512 → C)``. The FC norms are built
+    with ``spatial=False`` (``BatchNorm1d`` for ``"bn"``). Convolutions and linears keep their
+    bias, as in FedBN's code. On 28×28 digits the flattened map is 128×7×7 = 6272;
+    ``num_features`` is 512.
+
+    Args:
+        num_classes: number of logits.
+        in_channels: input channels (FedBN converts every domain to 3 channels).
+        input_size: input ``(H, W)`` or side length (FedBN: 28).
+        norm_layer: norm specification, resolved by ``get_norm_layer``.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        input_size: int | Sequence[int] = 28,
+        norm_layer: NormSpec = "bn",
+    ) -> None:
+        super().__init__()
+        validate_common(num_classes, in_channels)
+        norm_layer = get_norm_layer(norm_layer)
+        hw = to_hw(input_size)
+        pool1, hw = maybe_max_pool(hw)
+        pool2, hw = maybe_max_pool(hw)
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 64, 5, 1, 2), norm_layer(64), nn.ReLU(inplace=True), pool1,
+            nn.Conv2d(64, 64, 5, 1, 2), norm_layer(64), nn.ReLU(inplace=True), pool2,
+            nn.Conv2d(64, 128, 5, 1, 2), norm_layer(128), nn.ReLU(inplace=True),
+            nn.Flatten(),
+        )  # fmt: skip
+        self.fc = nn.Sequential(
+            nn.Linear(128 * hw[0] * hw[1], 2048), norm_layer(2048, spatial=False), nn.ReLU(inplace=True),
+            nn.Linear(2048, 512), norm_layer(512, spatial=False), nn.ReLU(inplace=True),
+        )  # fmt: skip
+        self.num_features = 512
+        self.num_classes = num_classes
+        self.head = nn.Linear(512, num_classes)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x))
+
+
+class FBNCNN(ClassifierModel):
+    """FBN's CIFAR-10 CNN with the norm *after* ReLU (spec/002_fbn.md §6; FBN App. C, Table 1).
+
+    ``Conv(k3, p1) → ReLU → Norm`` with 64, 64 (→ MaxPool(2) → Dropout(0.25)), 128, 128
+    (→ MaxPool(2) → Dropout(0.25)) channels, then ``Linear(128·h·w → 128) → ReLU`` and the head
+    ``Linear(128 → C)``. On CIFAR the flattened map is 128×8×8 = 8192. With ``"bn"`` there are
+    4 BN layers, 768 running statistics and 1,310,922 parameters, all trainable (the spec's
+    [derived] count, which includes the conv biases); ``num_features`` is 128.
+
+    The paper ends with ``LogSoftmax`` and trains with NLL; this model returns logits, to be used
+    with ``cross_entropy``, which equals ``nll_loss(log_softmax(logits))`` exactly.
+
+    Args:
+        num_classes: number of logits.
+        in_channels: input channels.
+        input_size: input ``(H, W)`` or side length.
+        norm_layer: norm specification, resolved by ``get_norm_layer``.
+        dropout: dropout probability after each pooling (default: 0.25, the paper's).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        input_size: int | Sequence[int] = 32,
+        norm_layer: NormSpec = "bn",
+        dropout: float = 0.25,
+    ) -> None:
+        super().__init__()
+        validate_common(num_classes, in_channels)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        norm_layer = get_norm_layer(norm_layer)
+        hw = to_hw(input_size)
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for width in (64, 128):
+            pool, hw = maybe_max_pool(hw)
+            layers += [
+                nn.Conv2d(channels, width, 3, 1, 1), nn.ReLU(inplace=True), norm_layer(width),
+                nn.Conv2d(width, width, 3, 1, 1), nn.ReLU(inplace=True), norm_layer(width),
+                pool, nn.Dropout(dropout),
+            ]  # fmt: skip
+            channels = width
+        self.features = nn.Sequential(*layers, nn.Flatten())
+        self.fc = nn.Sequential(nn.Linear(channels * hw[0] * hw[1], 128), nn.ReLU(inplace=True))
+        self.num_features = 128
+        self.num_classes = num_classes
+        self.head = nn.Linear(128, num_classes)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x))
+
+
+class LNCNN(ClassifierModel):
+    """The LN paper's CIFAR CNN as in its released code (spec/003_ln_fn.md §2.2, ``CNN_CIFAR``).
+
+    ``conv1(k5, 64) → ReLU → N0 → MaxPool(2) → conv2(k5, 64) → ReLU → N1 → MaxPool(2) →
+    fc1(1600 → 384) → ReLU → N2 → fc2(384 → 192) → ReLU → N3 → head(192 → C)``: the classic
+    McMahan/Reddi 64-64-384-192 CNN with every norm *after* its activation (FedLN, §1.3). All
+    biases, the head's included, are off by default (needed for the paper's Props. 1–3); the
+    FC norms use ``spatial=False``. ``num_features`` is 192, the FN dimension d.
+
+    [code≠paper] The paper's Table 7 has a single FC layer (1600 → 384 → C, "28×28" inputs);
+    the default follows the code (spec §5 row 2), and ``fc_dims=(384,)`` gives the Table 7 net.
+
+    Convolutions are unpadded, as in the code (32 → 28 → 14 → 10 → 5; 64·5·5 = 1600). A
+    convolution whose input is smaller than its 5×5 kernel (inputs below 14×14, e.g. 8×8 digits)
+    uses padding 2 instead, and a pool below 2×2 is skipped.
+
+    Args:
+        num_classes: number of logits.
+        in_channels: input channels.
+        input_size: input ``(H, W)`` or side length.
+        norm_layer: norm specification, resolved by ``get_norm_layer`` (``"ln"`` = FedLN).
+        fc_dims: widths of the hidden FC layers (default: ``(384, 192)``, the code's).
+        bias: give every conv/linear layer a bias (default: False; the code's ``--with_bias``).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        input_size: int | Sequence[int] = 32,
+        norm_layer: NormSpec = "bn",
+        fc_dims: Sequence[int] = (384, 192),
+        bias: bool = False,
+    ) -> None:
+        super().__init__()
+        validate_common(num_classes, in_channels)
+        fc_dims = tuple(int(d) for d in fc_dims)
+        if not fc_dims or min(fc_dims) < 1:
+            raise ValueError(f"fc_dims must be a non-empty sequence of positive widths, got {fc_dims!r}")
+        norm_layer = get_norm_layer(norm_layer)
+        hw = to_hw(input_size)
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for _ in range(2):
+            padding = 0 if min(hw) >= 5 else 2
+            hw = (conv_out_size(hw[0], 5, 1, padding), conv_out_size(hw[1], 5, 1, padding))
+            pool, hw = maybe_max_pool(hw)
+            layers += [nn.Conv2d(channels, 64, 5, 1, padding, bias=bias), nn.ReLU(inplace=True), norm_layer(64), pool]
+            channels = 64
+        self.features = nn.Sequential(*layers, nn.Flatten())
+        fc: list[nn.Module] = []
+        width = channels * hw[0] * hw[1]
+        for dim in fc_dims:
+            fc += [nn.Linear(width, dim, bias=bias), nn.ReLU(inplace=True), norm_layer(dim, spatial=False)]
+            width = dim
+        self.fc = nn.Sequential(*fc)
+        self.num_features = width
+        self.num_classes = num_classes
+        self.head = nn.Linear(width, num_classes, bias=bias)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x))
+
+
+@register_model()
+def simple_cnn(*, num_classes: int = 10, in_channels: int = 3, input_size: int | Sequence[int] = 32, norm_layer: NormSpec = "bn") -> SimpleCNN:
+    """HBN's Simple-CNN (spec/000_hbn.md §2.2); see :class:`SimpleCNN`."""
+    return SimpleCNN(num_classes=num_classes, in_channels=in_channels, input_size=input_size, norm_layer=norm_layer)
+
+
+@register_model()
+def fedbn_cnn(*, num_classes: int = 10, in_channels: int = 3, input_size: int | Sequence[int] = 28, norm_layer: NormSpec = "bn") -> FedBNCNN:
+    """FedBN's digits CNN with BN1d in the FC layers (spec/004_fedbn.md §2.1); see :class:`FedBNCNN`."""
+    return FedBNCNN(num_classes=num_classes, in_channels=in_channels, input_size=input_size, norm_layer=norm_layer)
+
+
+@register_model()
+def fbn_cnn(
+    *,
+    num_classes: int = 10,
+    in_channels: int = 3,
+    input_size: int | Sequence[int] = 32,
+    norm_layer: NormSpec = "bn",
+    dropout: float = 0.25,
+) -> FBNCNN:
+    """FBN's 4-conv CNN, norm after ReLU (spec/002_fbn.md §6); see :class:`FBNCNN`."""
+    return FBNCNN(num_classes=num_classes, in_channels=in_channels, input_size=input_size, norm_layer=norm_layer, dropout=dropout)
+
+
+@register_model()
+def ln_cnn(
+    *,
+    num_classes: int = 10,
+    in_channels: int = 3,
+    input_size: int | Sequence[int] = 32,
+    norm_layer: NormSpec = "bn",
+    fc_dims: Sequence[int] = (384, 192),
+    bias: bool = False,
+) -> LNCNN:
+    """The LN paper's CNN as in its code (spec/003_ln_fn.md §2.2); see :class:`LNCNN`."""
+    return LNCNN(
+        num_classes=num_classes,
+        in_channels=in_channels,
+        input_size=input_size,
+        norm_layer=norm_layer,
+        fc_dims=fc_dims,
+        bias=bias,
+    )

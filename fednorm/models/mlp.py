@@ -1,0 +1,75 @@
+"""FedTAN's MNIST DNN, generalized: ``flatten → Linear → Norm1d → ReLU → Linear``.
+
+spec/001_fedtan.md §4.2: "Linear(784→30) → BN1d(30) → activation → Linear(30→10)", with the
+activation unstated and ReLU recommended (§8 A10); 23,920 parameters at 784-30-10 with BN.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..nn.norms import NormSpec, get_norm_layer
+from .base import ClassifierModel, to_hw, validate_common
+from .registry import register_model
+
+__all__ = ["MLP", "mlp"]
+
+
+class MLP(ClassifierModel):
+    """One-hidden-layer perceptron with a norm between the hidden linear layer and its ReLU.
+
+    ``Flatten → Linear(C·H·W → hidden) → Norm(hidden, spatial=False) → ReLU → head Linear(hidden
+    → num_classes)``. With ``"bn"`` the norm is ``BatchNorm1d`` (FedTAN's single BN layer, L = 1).
+    ``num_features`` is ``hidden``.
+
+    Args:
+        num_classes: number of logits.
+        in_channels: input channels.
+        input_size: input ``(H, W)`` or side length (28 for MNIST: 784 inputs).
+        norm_layer: norm specification, resolved by ``get_norm_layer``.
+        hidden: hidden width (default: 30, FedTAN's).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_classes: int = 10,
+        in_channels: int = 1,
+        input_size: int | Sequence[int] = 28,
+        norm_layer: NormSpec = "bn",
+        hidden: int = 30,
+    ) -> None:
+        super().__init__()
+        validate_common(num_classes, in_channels)
+        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
+            raise ValueError(f"hidden must be a positive integer, got {hidden!r}")
+        norm_layer = get_norm_layer(norm_layer)
+        h, w = to_hw(input_size)
+        self.fc = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(in_channels * h * w, hidden),
+            norm_layer(hidden, spatial=False),
+            nn.ReLU(inplace=True),
+        )
+        self.num_features = hidden
+        self.num_classes = num_classes
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+@register_model()
+def mlp(
+    *,
+    num_classes: int = 10,
+    in_channels: int = 1,
+    input_size: int | Sequence[int] = 28,
+    norm_layer: NormSpec = "bn",
+    hidden: int = 30,
+) -> MLP:
+    """FedTAN's MNIST MLP (spec/001_fedtan.md §4.2), any input size; see :class:`MLP`."""
+    return MLP(num_classes=num_classes, in_channels=in_channels, input_size=input_size, norm_layer=norm_layer, hidden=hidden)

@@ -1,0 +1,68 @@
+"""The model registry: ``get_model("resnet20", norm="gn", num_classes=10)``.
+
+Builders are keyword-only functions registered with ``@register_model()`` (timm, torchvision
+``_api.py``). They receive ``num_classes``, ``in_channels``, ``input_size`` and a ``norm_layer``
+already resolved by :func:`fednorm.nn.norms.get_norm_layer`, plus their own options.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from torch import nn
+
+from ..nn.norms import NormSpec, get_norm_layer
+from ..registry import Registry
+
+__all__ = ["MODELS", "register_model", "list_models", "get_model"]
+
+MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
+register_model = MODELS.register
+
+
+def list_models(include: Any = None, exclude: Any = None) -> list[str]:
+    """Sorted names of the registered models, optionally filtered by fnmatch patterns."""
+    return MODELS.list(include, exclude)
+
+
+def get_model(
+    name: str,
+    *,
+    num_classes: int = 10,
+    in_channels: int = 3,
+    input_size: int | Sequence[int] = 32,
+    norm: NormSpec = "bn",
+    norm_args: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> nn.Module:
+    """Build a registered model.
+
+    Args:
+        name: registered model name (see :func:`list_models`); case-insensitive.
+        num_classes: number of logits (default: 10).
+        in_channels: input channels (default: 3; 1 for grayscale digits).
+        input_size: input height and width, an int or ``(H, W)`` (default: 32). Flatten sizes
+            are computed from it.
+        norm: any norm specification accepted by ``get_norm_layer`` (default: ``"bn"``);
+            ``"none"`` or ``None`` builds the model without normalization layers.
+        norm_args: options of the norm (e.g. ``{"num_groups": 4}``).
+        **kwargs: model-specific options (``None`` values are dropped so that builder
+            defaults apply).
+
+    Returns:
+        The model, a :class:`~fednorm.models.base.ClassifierModel`.
+
+    Raises:
+        UnknownNameError: for an unknown model or norm name, with a suggestion.
+    """
+    if "norm_layer" in kwargs:
+        raise TypeError("get_model() takes norm=... and norm_args=...; do not pass norm_layer")
+    norm_layer = get_norm_layer(norm, **(norm_args or {}))
+    return MODELS.build(
+        name,
+        num_classes=num_classes,
+        in_channels=in_channels,
+        input_size=input_size,
+        norm_layer=norm_layer,
+        **kwargs,
+    )

@@ -1,0 +1,257 @@
+"""CIFAR ResNets: FedTAN's ResNet-20 (option-A shortcut) and the CIFAR ResNet-18.
+
+:class:`ResNet` covers both: a 3×3 stem without max-pool (or torchvision's ImageNet stem), stages
+of :class:`BasicBlock`, global average pooling and a linear head. Two shortcut types exist:
+option A (He et al. 2016, §4.2: stride-2 subsampling plus zero channel padding, no parameters),
+used by ResNet-20 (spec/001_fedtan.md §4.2), and option B (1×1 conv, plus norm), used by
+ResNet-18. ``norm_position="after"`` moves every norm behind its activation, the LN paper's
+``group_norm_after`` ResNet (spec/003_ln_fn.md §1.3, §5 row 5).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..nn.norms import NormLayer, NormSpec, get_norm_layer
+from .base import ClassifierModel, to_hw, validate_common
+from .registry import register_model
+
+__all__ = ["PadShortcut", "BasicBlock", "ResNet", "resnet20", "resnet18"]
+
+Shortcut = Literal["A", "B"]
+NormPosition = Literal["before", "after"]
+Stem = Literal["cifar", "imagenet"]
+
+
+class PadShortcut(nn.Module):
+    """Option-A shortcut: ``F.pad(x[:, :, ::s, ::s], (0, 0, 0, 0, p, q))`` (akamaster's ResNet-20).
+
+    Subsamples spatially by ``stride`` and zero-pads the channel axis from ``in_planes`` to
+    ``planes`` (``p = (planes - in_planes) // 2`` in front, the rest behind; for the doubling
+    stages this is the reference's ``planes // 4`` on each side). It has no parameters.
+    """
+
+    def __init__(self, in_planes: int, planes: int, stride: int) -> None:
+        super().__init__()
+        if planes < in_planes:
+            raise ValueError(f"option-A shortcut cannot reduce channels ({in_planes} -> {planes})")
+        self.stride = stride
+        self.pad_front = (planes - in_planes) // 2
+        self.pad_back = planes - in_planes - self.pad_front
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stride != 1:
+            x = x[:, :, :: self.stride, :: self.stride]
+        return F.pad(x, (0, 0, 0, 0, self.pad_front, self.pad_back))
+
+    def extra_repr(self) -> str:
+        return f"stride={self.stride}, pad=({self.pad_front}, {self.pad_back})"
+
+
+def _conv3x3(in_planes: int, planes: int, stride: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
+
+
+class BasicBlock(nn.Module):
+    """Two 3×3 convolutions with a residual connection.
+
+    ``norm_position="before"`` (He et al.): ``relu(norm2(conv2(relu(norm1(conv1(x))))) + sc(x))``.
+    ``norm_position="after"`` (LN paper's ``BasicBlockGroupnormAfter``):
+    ``norm2(relu(conv2(norm1(relu(conv1(x)))) + sc(x)))``; its option-B shortcut has no norm.
+
+    Args:
+        in_planes: input channels.
+        planes: output channels.
+        stride: stride of the first convolution and of the shortcut.
+        norm_layer: resolved norm builder.
+        shortcut: ``"A"`` (parameter-free padding) or ``"B"`` (1×1 conv), used only when the
+            shape changes; otherwise the shortcut is the identity.
+        norm_position: ``"before"`` or ``"after"`` the activation.
+    """
+
+    def __init__(
+        self,
+        in_planes: int,
+        planes: int,
+        stride: int,
+        norm_layer: NormLayer,
+        *,
+        shortcut: Shortcut = "B",
+        norm_position: NormPosition = "before",
+    ) -> None:
+        super().__init__()
+        self.norm_position = norm_position
+        self.conv1 = _conv3x3(in_planes, planes, stride)
+        self.norm1 = norm_layer(planes)
+        self.conv2 = _conv3x3(planes, planes)
+        self.norm2 = norm_layer(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.shortcut: nn.Module
+        if stride == 1 and in_planes == planes:
+            self.shortcut = nn.Identity()
+        elif shortcut == "A":
+            self.shortcut = PadShortcut(in_planes, planes, stride)
+        elif norm_position == "after":
+            self.shortcut = nn.Conv2d(in_planes, planes, 1, stride, bias=False)
+        else:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride, bias=False), norm_layer(planes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.norm_position == "before":
+            out = self.relu(self.norm1(self.conv1(x)))
+            out = self.norm2(self.conv2(out))
+            return self.relu(out + self.shortcut(x))
+        out = self.norm1(self.relu(self.conv1(x)))
+        out = self.conv2(out) + self.shortcut(x)
+        return self.norm2(self.relu(out))
+
+
+class ResNet(ClassifierModel):
+    """A ResNet of :class:`BasicBlock` stages for small images.
+
+    Convolutions have no bias; the head is ``Linear(widths[-1] → C)`` with bias, after global
+    average pooling (``AdaptiveAvgPool2d(1)``: equal to the references' ``avg_pool2d(out, 4)`` /
+    ``avg_pool2d(out, out.size(3))`` on 32×32 inputs, and valid on any input size).
+
+    Args:
+        layers: number of blocks per stage.
+        widths: channels per stage; the first block of stage i > 0 has stride 2.
+        num_classes: number of logits.
+        in_channels: input channels.
+        input_size: validated only; the network is size-agnostic thanks to global pooling.
+        norm_layer: norm specification, resolved by ``get_norm_layer``.
+        shortcut: ``"A"`` or ``"B"``, see :class:`BasicBlock`.
+        norm_position: ``"before"`` (default) or ``"after"`` the activations, stem included.
+        stem: ``"cifar"`` (conv3×3, stride 1, no max-pool) or ``"imagenet"`` (torchvision's
+            conv7×7 stride 2 + max-pool 3×3 stride 2; HBN's Tiny-ImageNet ResNet-18, spec/000 §2.2).
+        init: ``"default"`` (torch's) or ``"kaiming_normal"`` (``kaiming_normal_`` on every conv
+            and linear weight, as akamaster's ResNet-20; norm weights 1 and biases 0).
+    """
+
+    def __init__(
+        self,
+        layers: Sequence[int],
+        widths: Sequence[int],
+        *,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        input_size: int | Sequence[int] = 32,
+        norm_layer: NormSpec = "bn",
+        shortcut: Shortcut = "B",
+        norm_position: NormPosition = "before",
+        stem: Stem = "cifar",
+        init: Literal["default", "kaiming_normal"] = "default",
+    ) -> None:
+        super().__init__()
+        validate_common(num_classes, in_channels)
+        to_hw(input_size)
+        if len(layers) != len(widths) or not layers:
+            raise ValueError(f"layers and widths must be non-empty and of equal length, got {layers!r}, {widths!r}")
+        for arg, value, valid in (
+            ("shortcut", shortcut, ("A", "B")),
+            ("norm_position", norm_position, ("before", "after")),
+            ("stem", stem, ("cifar", "imagenet")),
+            ("init", init, ("default", "kaiming_normal")),
+        ):
+            if value not in valid:
+                raise ValueError(f"Unknown value '{value}' for argument {arg}. Valid values are {valid}")
+        norm_layer = get_norm_layer(norm_layer)
+        self.norm_position = norm_position
+        planes = widths[0]
+        if stem == "cifar":
+            self.conv1 = _conv3x3(in_channels, planes)
+        else:
+            self.conv1 = nn.Conv2d(in_channels, planes, 7, 2, 3, bias=False)
+        self.norm1 = norm_layer(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1) if stem == "imagenet" else nn.Identity()
+        stages: list[nn.Module] = []
+        for i, (depth, width) in enumerate(zip(layers, widths)):
+            blocks: list[nn.Module] = []
+            for j in range(depth):
+                stride = 2 if i > 0 and j == 0 else 1
+                blocks.append(BasicBlock(planes, width, stride, norm_layer, shortcut=shortcut, norm_position=norm_position))
+                planes = width
+            stages.append(nn.Sequential(*blocks))
+        self.layers = nn.Sequential(*stages)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.num_features = planes
+        self.num_classes = num_classes
+        self.head = nn.Linear(planes, num_classes)
+        if init == "kaiming_normal":
+            for m in self.modules():
+                if isinstance(m, (nn.Conv2d, nn.Linear)):
+                    nn.init.kaiming_normal_(m.weight)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv1(x)
+        x = self.relu(self.norm1(x)) if self.norm_position == "before" else self.norm1(self.relu(x))
+        x = self.layers(self.maxpool(x))
+        return torch.flatten(self.pool(x), 1)
+
+
+@register_model()
+def resnet20(
+    *,
+    num_classes: int = 10,
+    in_channels: int = 3,
+    input_size: int | Sequence[int] = 32,
+    norm_layer: NormSpec = "bn",
+) -> ResNet:
+    """CIFAR ResNet-20 with option-A shortcuts (spec/001_fedtan.md §4.2; akamaster's code).
+
+    Stem ``conv3×3(→16) → Norm → ReLU``; three stages of 3 blocks with 16, 32, 64 channels
+    (stride 2 at the start of stages 2 and 3); option-A (zero-padding) shortcuts; global average
+    pool; ``Linear(64 → C)``. No conv bias; ``kaiming_normal_`` on conv and linear weights.
+    With ``"bn"`` and 10 classes: 19 convs each followed by BN, 269,722 trainable parameters and
+    1,376 BN running statistics. ``num_features`` is 64.
+    """
+    return ResNet(
+        (3, 3, 3),
+        (16, 32, 64),
+        num_classes=num_classes,
+        in_channels=in_channels,
+        input_size=input_size,
+        norm_layer=norm_layer,
+        shortcut="A",
+        init="kaiming_normal",
+    )
+
+
+@register_model()
+def resnet18(
+    *,
+    num_classes: int = 10,
+    in_channels: int = 3,
+    input_size: int | Sequence[int] = 32,
+    norm_layer: NormSpec = "bn",
+    norm_position: NormPosition = "before",
+    stem: Stem = "cifar",
+) -> ResNet:
+    """CIFAR ResNet-18 (spec/003_ln_fn.md §2.2; spec/000_hbn.md §2.2 Table 5).
+
+    Stem ``conv3×3(→64, s1)`` with no max-pool; four stages of 2 BasicBlocks with 64, 128, 256,
+    512 channels (strides 1, 2, 2, 2); 1×1 conv shortcuts (with a norm) where the shape changes;
+    global average pool; ``Linear(512 → C)`` with bias. No conv bias; torch's default init.
+    11,173,962 parameters with ``"bn"`` and 10 classes. ``num_features`` is 512.
+
+    ``norm_position="after"`` gives the LN paper's ResNet (``group_norm_after``): each norm
+    after its ReLU, in the stem and in the blocks, and shortcuts without norm (spec/003 §1.3,
+    §5 row 5; use with ``norm="ln"`` for FedLN-ResNet). ``stem="imagenet"`` gives torchvision's
+    ResNet-18 (HBN's Tiny-ImageNet model, 11,689,512 parameters with BN and 1000 classes).
+    """
+    return ResNet(
+        (2, 2, 2, 2),
+        (64, 128, 256, 512),
+        num_classes=num_classes,
+        in_channels=in_channels,
+        input_size=input_size,
+        norm_layer=norm_layer,
+        shortcut="B",
+        norm_position=norm_position,
+        stem=stem,
+    )

@@ -1,0 +1,92 @@
+"""Pure functions behind fednorm's norm layers; the equations are tested against these.
+
+Statistics that cross clients always travel as ``(count, mean, biased variance)`` and are
+pooled exactly (within-client plus between-client terms), never averaged naively: the naive
+average of variances misses the spread of the client means (FBN §3, HBN Eq. 8).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .comm import ClientComm, LocalClientComm
+
+__all__ = ["channel_stats", "pooled_stats", "cross_client_batch_norm"]
+
+
+def _reduce_dims(x: torch.Tensor) -> list[int]:
+    return [0] + list(range(2, x.dim()))
+
+
+def channel_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-channel ``(count, mean, biased variance)`` of ``x`` (N×C or N×C×...), as BN computes them."""
+    dims = _reduce_dims(x)
+    count = torch.tensor(float(x.numel() // x.shape[1]), dtype=x.dtype, device=x.device)
+    mean = x.mean(dim=dims)
+    var = x.var(dim=dims, unbiased=False)
+    return count, mean, var
+
+
+def pooled_stats(
+    count: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, *, unbiased: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact statistics of the union of K groups from their ``(count [K], mean [K,C], var [K,C])``.
+
+    ``var`` are biased (1/n) within-group variances. Returns ``(total count, mean, variance)``
+    where the variance is biased, or Bessel-corrected (÷(N−1), HBN Eq. 8) with ``unbiased``.
+    Empty groups (count 0) contribute nothing.
+    """
+    count = count.to(mean.dtype)
+    total = count.sum()
+    w = (count / total).unsqueeze(-1)
+    mu = (w * mean).sum(dim=0)
+    m2 = (count.unsqueeze(-1) * (var + (mean - mu) ** 2)).sum(dim=0)
+    return total, mu, m2 / (total - 1 if unbiased else total)
+
+
+def cross_client_batch_norm(
+    xs: Sequence[torch.Tensor],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    *,
+    client_weights: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    comm: ClientComm | None = None,
+) -> list[torch.Tensor]:
+    """Batch-normalise every client's batch with statistics aggregated over all clients.
+
+    FedTAN's synchronised step (spec/001_fedtan.md §3.2, Algorithm 2): the global mean is the
+    p-weighted sum of client means, then each client's variance *around the global mean* is
+    p-weighted and summed. With ``p_i = B_i / ΣB`` (the default) these are exactly the
+    statistics of the union batch, so each client's output equals centralized BatchNorm on the
+    union batch restricted to its rows. Every step is a differentiable ``comm.sum``, so autograd
+    aggregates the gradients with respect to mean and variance in the backward pass (FedTAN's
+    Algorithm 3) with no extra code.
+
+    Args:
+        xs: one ``B_i × C × ...`` tensor per client (batch sizes may differ).
+        weight, bias: shared affine parameters ``[C]`` (optional).
+        client_weights: ``p_i`` (default: proportional to the number of normalised values).
+        eps: added to the variance.
+        comm: the cross-client reduction (default: in-process).
+    """
+    comm = comm or LocalClientComm()
+    counts = torch.stack([torch.tensor(float(x.numel() // x.shape[1]), dtype=x.dtype, device=x.device) for x in xs])
+    p = counts / counts.sum() if client_weights is None else client_weights.to(xs[0].dtype)
+    means = torch.stack([x.mean(dim=_reduce_dims(x)) for x in xs])
+    mu = comm.sum(p.unsqueeze(-1) * means)
+    shape = [1, -1] + [1] * (xs[0].dim() - 2)
+    dev = torch.stack([((x - mu.view(shape)) ** 2).mean(dim=_reduce_dims(x)) for x in xs])
+    var = comm.sum(p.unsqueeze(-1) * dev)
+    inv = torch.rsqrt(var + eps).view(shape)
+    outs = []
+    for x in xs:
+        y = (x - mu.view(shape)) * inv
+        if weight is not None:
+            y = y * weight.view(shape)
+        if bias is not None:
+            y = y + bias.view(shape)
+        outs.append(y)
+    return outs

@@ -1,0 +1,64 @@
+import torch
+import torch.nn.functional as F
+
+from fednorm.nn.comm import LocalClientComm
+from fednorm.nn.functional import channel_stats, cross_client_batch_norm, pooled_stats
+
+
+def _clients(sizes, c=3, spatial=(4, 5), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    # different means and scales per client: a non-IID feature shift
+    return [torch.randn(b, c, *spatial, generator=g, dtype=torch.float64) * (1 + i) + 2 * i for i, b in enumerate(sizes)]
+
+
+def test_pooled_stats_equal_union_stats():
+    xs = _clients([2, 5, 1, 7])
+    stats = [channel_stats(x) for x in xs]
+    n, mu, var = pooled_stats(*(torch.stack(s) for s in zip(*stats)))
+    union = torch.cat(xs)
+    torch.testing.assert_close(mu, union.mean(dim=(0, 2, 3)), rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(var, union.var(dim=(0, 2, 3), unbiased=False), rtol=1e-13, atol=1e-13)
+    _, _, var_u = pooled_stats(*(torch.stack(s) for s in zip(*stats)), unbiased=True)
+    torch.testing.assert_close(var_u, union.var(dim=(0, 2, 3), unbiased=True), rtol=1e-13, atol=1e-13)
+    assert int(n) == union.numel() // 3
+
+
+def test_naive_variance_average_is_biased_low():
+    xs = _clients([4, 4])
+    means, vars_ = zip(*[(x.mean(dim=(0, 2, 3)), x.var(dim=(0, 2, 3), unbiased=False)) for x in xs])
+    naive = torch.stack(vars_).mean(0)
+    exact = torch.cat(xs).var(dim=(0, 2, 3), unbiased=False)
+    assert (naive < exact).all()
+
+
+def test_cross_client_bn_forward_and_gradients_equal_centralized_bn_on_union():
+    sizes = [3, 6, 2]
+    xs = [x.requires_grad_() for x in _clients(sizes)]
+    w = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    comm = LocalClientComm()
+    ys = cross_client_batch_norm(xs, w, b, comm=comm)
+    target = [torch.randn_like(y) for y in ys]
+    # p-weighted sum of client mean losses == union mean loss when p_i = B_i / B
+    p = torch.tensor(sizes, dtype=torch.float64) / sum(sizes)
+    loss = sum(p[i] * ((ys[i] - target[i]) ** 2).mean() for i in range(3))
+    grads = torch.autograd.grad(loss, xs + [w, b])
+
+    xu = torch.cat([x.detach() for x in xs]).requires_grad_()
+    wu, bu = w.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    yu = F.batch_norm(xu, None, None, wu, bu, training=True, eps=1e-5)
+    for y, y_ref in zip(ys, yu.split(sizes)):
+        torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    loss_u = ((yu - torch.cat(target)) ** 2).mean()
+    gx, gw, gb = torch.autograd.grad(loss_u, [xu, wu, bu])
+    torch.testing.assert_close(torch.cat(grads[:3]), gx, rtol=1e-11, atol=1e-13)
+    torch.testing.assert_close(grads[3], gw, rtol=1e-11, atol=1e-13)
+    torch.testing.assert_close(grads[4], gb, rtol=1e-11, atol=1e-13)
+    assert comm.num_reductions == 2  # mean, then variance around the global mean
+
+
+def test_cross_client_bn_differs_from_local_bn_under_shift():
+    xs = _clients([4, 4])
+    ys = cross_client_batch_norm(xs)
+    local = F.batch_norm(xs[0], None, None, training=True)
+    assert not torch.allclose(ys[0], local)

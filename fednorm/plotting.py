@@ -1,0 +1,89 @@
+"""Plots of run metrics (matplotlib, Agg backend: works without a display)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["plot_accuracy", "plot_comparison", "plot_histogram"]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_accuracy(history: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
+    """Test accuracy (and mean per-client accuracy) and train loss against rounds."""
+    plt = _plt()
+    rounds = [h["round"] for h in history]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.plot(rounds, [100 * h["test_accuracy"] for h in history], marker=".", label="test (global)")
+    if any(h.get("mean_client_accuracy") is not None for h in history):
+        ax1.plot(rounds, [100 * (h.get("mean_client_accuracy") or np.nan) for h in history], ls="--", label="mean per-client")
+    ax1.set_xlabel("round")
+    ax1.set_ylabel("accuracy (%)")
+    ax1.grid(alpha=0.3)
+    ax1.legend()
+    ax2.plot(rounds, [h["train_loss"] for h in history], marker=".", label="train")
+    ax2.plot(rounds, [h["test_loss"] for h in history], marker=".", label="test")
+    ax2.set_xlabel("round")
+    ax2.set_ylabel("loss")
+    ax2.set_yscale("log")
+    ax2.grid(alpha=0.3)
+    ax2.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_comparison(histories: dict[str, Sequence[dict[str, Any]]], path: str | Path, title: str = "") -> Path:
+    """One test-accuracy curve per variant."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, history in histories.items():
+        ax.plot([h["round"] for h in history], [100 * h["test_accuracy"] for h in history], marker=".", label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_histogram(hist: np.ndarray, path: str | Path, title: str = "") -> Path:
+    """Stacked bars of each client's label counts."""
+    plt = _plt()
+    num_clients, num_classes = hist.shape
+    fig, ax = plt.subplots(figsize=(max(6, 0.35 * num_clients + 2), 4))
+    bottom = np.zeros(num_clients)
+    cmap = plt.get_cmap("tab10" if num_classes <= 10 else "tab20")
+    for c in range(num_classes):
+        ax.bar(np.arange(num_clients), hist[:, c], bottom=bottom, color=cmap(c % cmap.N), label=str(c), width=0.85)
+        bottom += hist[:, c]
+    ax.set_xlabel("client")
+    ax.set_ylabel("samples")
+    if num_classes <= 20:
+        ax.legend(title="class", bbox_to_anchor=(1.01, 1), loc="upper left", fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,64 @@
+"""The command line: end-to-end runs and documented errors (exit 2, one message, no traceback)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from fednorm.cli.main import main
+
+
+def test_cli_run_end_to_end_in_a_subprocess(tmp_path):
+    out = tmp_path / "r"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fednorm", "run", "--rounds", "2", "--num-clients", "4", "--norm", "gn",
+         "--batch-size", "32", "--out", str(out), "--quiet"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "final test accuracy" in proc.stdout
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "accuracy.png"):
+        assert (out / name).is_file(), name
+
+
+def test_cli_config_file_and_overrides(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("rounds: 1\nnum_clients: 3\nnorm: ln\nmethod_args: {weighting: uniform}\n")
+    assert main(["run", "--config", str(cfg), "--batch-size", "64", "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    text = (tmp_path / "o" / "config.yaml").read_text()
+    assert "norm: ln" in text and "batch_size: 64" in text and "weighting: uniform" in text
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["run", "--method", "fedavgg"], "Unknown method 'fedavgg'. Did you mean 'fedavg'?"),
+        (["run", "--norm", "batchnorm"], "Unknown norm"),
+        (["run", "--alpha", "0"], "alpha: Input should be greater than 0"),
+        (["run", "--num-clients", "100000"], "num_clients=100000"),
+        (["run", "--partition", "classes", "--classes-per-client", "11"], "classes_per_client"),
+        (["run", "--model", "resnet-200"], "Unknown model"),
+    ],
+)
+def test_cli_bad_input_gives_one_clear_error(argv, needle, capsys, tmp_path):
+    code = main(argv + ["--out", str(tmp_path / "x"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert needle in err
+    assert "Traceback" not in err
+
+
+def test_cli_unknown_yaml_key(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("rounds: 1\nlocal_epoch: 2\n")
+    assert main(["run", "--config", str(cfg)]) == 2
+    assert "local_epoch: unknown field" in capsys.readouterr().err
+
+
+def test_cli_list_and_partition(tmp_path, capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for word in ("methods: ", "fedavg", "norms: ", "bn", "gn", "ln", "none", "models: ", "simple_cnn", "datasets: ", "digits", "partitions: ", "dirichlet"):
+        assert word in out
+    assert main(["partition", "--partition", "classes", "--classes-per-client", "1", "--num-clients", "10", "--plot", str(tmp_path / "h.png")]) == 0
+    assert (tmp_path / "h.png").exists()
