@@ -5,7 +5,14 @@ The dispatching function ``partition(name, labels, ...)`` lives in :mod:`fednorm
 """
 
 from .datasets import (
+    CIFAR10,
+    CIFAR100,
     DATASETS,
+    MNIST,
+    USPS,
+    Digits,
+    FashionMNIST,
+    default_root,
     DatasetInfo,
     ImageDataset,
     dataset_to_tensors,
@@ -14,6 +21,7 @@ from .datasets import (
     load_dataset,
     register_dataset,
 )
+from .download import check_integrity, download_url, extract_archive
 from .federated import FederatedData, build_federated_data
 from .partition import (
     PARTITIONS,
@@ -24,8 +32,21 @@ from .partition import (
     register_partition,
     split_like,
 )
+from .transforms import normalize, random_crop_flip
 
 __all__ = [
+    "CIFAR10",
+    "CIFAR100",
+    "MNIST",
+    "USPS",
+    "Digits",
+    "FashionMNIST",
+    "default_root",
+    "check_integrity",
+    "download_url",
+    "extract_archive",
+    "normalize",
+    "random_crop_flip",
     "DATASETS",
     "DatasetInfo",
     "ImageDataset",
