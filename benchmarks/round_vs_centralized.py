@@ -67,7 +67,7 @@ def main() -> None:
     cfg = ExperimentConfig(
         dataset="cifar10", data_dir=data_dir(args.data_dir), partition="dirichlet", alpha=0.6,
         num_clients=args.num_clients, clients_per_round=args.clients_per_round, model=args.model, norm=args.norm,
-        batch_size=args.batch_size, lr=0.01, momentum=0.9, max_grad_norm=10.0, rounds=10_000, eval_every=10_000,
+        batch_size=args.batch_size, lr=0.01, momentum=0.9, rounds=10_000, eval_every=10_000,
     )
     print(f"building {cfg.num_clients} clients of CIFAR-10 ...", flush=True)
     sim = Simulation(cfg)

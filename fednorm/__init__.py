@@ -1,3 +1,40 @@
-"""fednorm: federated learning with normalization layers on non-IID data."""
+"""fednorm: federated learning with normalization layers on non-IID data.
+
+Quick use::
+
+    import fednorm
+    result = fednorm.run(dataset="digits", partition="dirichlet", alpha=0.3, rounds=20, norm="gn")
+    print(result.summary["final_test_accuracy"])
+    table = fednorm.compare(rounds=20, variants=[{"norm": "bn"}, {"norm": "gn"}], out="runs/cmp")
+    print(table.markdown())
+"""
+
+from .api import CompareResult, RunResult, compare, run
+from .config import ExperimentConfig, load_config
+from .data import build_federated_data, list_datasets, list_partitions, load_dataset
+from .engine.simulator import Simulation
+from .methods import get_method, list_methods
+from .models import get_model, list_models
+from .nn import get_norm_layer, list_norms
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "CompareResult",
+    "RunResult",
+    "compare",
+    "run",
+    "ExperimentConfig",
+    "load_config",
+    "build_federated_data",
+    "list_datasets",
+    "list_partitions",
+    "load_dataset",
+    "Simulation",
+    "get_method",
+    "list_methods",
+    "get_model",
+    "list_models",
+    "get_norm_layer",
+    "list_norms",
+]

@@ -1,0 +1,30 @@
+"""Normalization layers and the tools to use them in federated models.
+
+``get_norm_layer`` resolves a norm by name (``"bn"``, ``"gn"``, ``"ln"``, ``"none"``, and the
+methods' own layers as they are registered); ``convert_norm`` swaps a model's BatchNorms;
+``state_keys``/``batch_norm_keys`` select tensors by owning module type; the functional core
+pools cross-client statistics exactly and normalises across clients through a ``ClientComm``.
+"""
+
+from .comm import ClientComm, LocalClientComm
+from .functional import channel_stats, cross_client_batch_norm, pooled_stats
+from .norms import NORMS, convert_norm, get_norm_layer, is_batch_norm, list_norms, norm_modules, register_norm
+from .state import batch_norm_keys, floating_keys, state_keys
+
+__all__ = [
+    "ClientComm",
+    "LocalClientComm",
+    "channel_stats",
+    "cross_client_batch_norm",
+    "pooled_stats",
+    "NORMS",
+    "convert_norm",
+    "get_norm_layer",
+    "is_batch_norm",
+    "list_norms",
+    "norm_modules",
+    "register_norm",
+    "batch_norm_keys",
+    "floating_keys",
+    "state_keys",
+]
