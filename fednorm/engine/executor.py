@@ -11,12 +11,13 @@ import torch
 from torch import nn
 
 from ..data.federated import FederatedData
-from ..methods.base import ClientUpdates, Method
+from ..errors import InconsistentUpdateError
+from ..methods.base import ClientContext, ClientUpdates, Method
 from .bank import ClientStateBank
 from .local import LocalSpec, batch_plan, train_local
 from .rng import derive_seed, torch_generator
 
-__all__ = ["SequentialExecutor", "MOMENTUM_PREFIX"]
+__all__ = ["SequentialExecutor", "MOMENTUM_PREFIX", "stack_uploads"]
 
 MOMENTUM_PREFIX = "dsgd.momentum."
 
@@ -43,13 +44,18 @@ class SequentialExecutor:
         self.seed = seed
         self.last_samples_seen = 0
 
+    def client_local(self, client_id: int, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The client's persistent state: from the bank, or the method's initial state."""
+        local = self.bank.get(client_id)
+        if local is None:
+            local = self.method.initial_client_state(client_id, global_state)
+        return dict(local)
+
     def client_state(self, client_id: int, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Full model state of a client: global shared tensors plus its own local ones."""
         state = dict(global_state)
         if self.method.local_keys:
-            local = self.bank.get(client_id)
-            if local is None:
-                local = self.method.initial_client_state(client_id, global_state)
+            local = self.client_local(client_id, global_state)
             state.update({k: local[k] for k in self.method.local_keys})
         return state
 
@@ -65,12 +71,26 @@ class SequentialExecutor:
         num_examples = torch.zeros(k, dtype=torch.float64)
         train_loss = torch.full((k,), float("nan"), dtype=torch.float64)
         num_steps = torch.zeros(k, dtype=torch.int64)
+        uploads: list[dict[str, torch.Tensor]] = []
         self.last_samples_seen = 0
         for i, cid in enumerate(client_ids):
-            model.load_state_dict(self.client_state(cid, global_state))
+            local = self.client_local(cid, global_state)
+            model_state = dict(global_state)
+            model_state.update({key: local[key] for key in method.local_keys})
+            model.load_state_dict(model_state)
             idx = data.client_train[cid]
             n = len(idx)
             num_examples[i] = n
+            ctx = ClientContext(
+                server_round=server_round,
+                client_id=cid,
+                model=model,
+                x=data.train_x.index_select(0, idx),
+                y=data.train_y.index_select(0, idx),
+                global_state=global_state,
+                local_state=local,
+                lr=lr,
+            )
             gen = torch_generator(self.seed, "batches", server_round, cid)
             plan = batch_plan(
                 n,
@@ -82,34 +102,54 @@ class SequentialExecutor:
             )
             # Dropout and any other module randomness draw from the global RNG: seed it per client.
             torch.manual_seed(derive_seed(self.seed, "module-rng", server_round, cid))
-            saved = self.bank.get(cid) or {}
-            momentum = {n_[len(MOMENTUM_PREFIX):]: v for n_, v in saved.items() if n_.startswith(MOMENTUM_PREFIX)}
+            method.client_begin(ctx)
+            momentum = {n_[len(MOMENTUM_PREFIX):]: v for n_, v in local.items() if n_.startswith(MOMENTUM_PREFIX)}
             result = train_local(
                 model,
-                data.train_x.index_select(0, idx),
-                data.train_y.index_select(0, idx),
+                ctx.x,
+                ctx.y,
                 plan,
                 lr=lr,
                 spec=spec,
                 generator=gen,
                 momentum=momentum or None,
+                loss_hook=(lambda m, loss, ctx=ctx: method.client_loss(ctx, m, loss)) if method.has_client_loss else None,
                 where=f"round {server_round}, client {cid}, method {method.name}",
             )
+            method.client_end(ctx)
             train_loss[i] = result.mean_loss
             num_steps[i] = result.steps
             self.last_samples_seen += result.num_seen
             state = model.state_dict()
             for key in method.shared_keys:
                 stacked[key][i].copy_(state[key])
-            keep = {key: state[key] for key in method.local_keys}
+            ctx.local_state.update({key: state[key] for key in method.local_keys})
             if result.momentum is not None:
-                keep.update({MOMENTUM_PREFIX + n_: v for n_, v in result.momentum.items()})
-            if keep:
-                self.bank.put(cid, keep)
+                ctx.local_state.update({MOMENTUM_PREFIX + n_: v for n_, v in result.momentum.items()})
+            if ctx.local_state:
+                self.bank.put(cid, ctx.local_state)
+            uploads.append(ctx.uploads)
         return ClientUpdates(
             client_ids=list(client_ids),
             states=stacked,
             num_examples=num_examples,
             train_loss=train_loss,
             num_steps=num_steps,
+            extras=stack_uploads(uploads, client_ids),
         )
+
+
+def stack_uploads(uploads: list[dict[str, torch.Tensor]], client_ids: list[int]) -> dict[str, torch.Tensor]:
+    """Stack the clients' extra uploads over a client axis; every client must send the same keys."""
+    if not uploads or not uploads[0]:
+        if any(uploads):
+            raise InconsistentUpdateError("some clients uploaded extra tensors and others did not")
+        return {}
+    keys = set(uploads[0])
+    for cid, up in zip(client_ids, uploads):
+        if set(up) != keys:
+            raise InconsistentUpdateError(f"client {cid} uploaded {sorted(up)}, expected {sorted(keys)}")
+    try:
+        return {key: torch.stack([up[key].detach() for up in uploads]) for key in sorted(keys)}
+    except RuntimeError as exc:
+        raise InconsistentUpdateError(f"clients uploaded tensors of different shapes: {exc}") from None

@@ -167,6 +167,7 @@ class Simulation:
         start = time.perf_counter()
         clients = self.sample_clients(server_round)
         lr = self.config.lr_at(server_round)
+        self.method.configure_round(server_round, clients)
         updates = self.executor.run_round(server_round, clients, self.global_state, lr)
         updates.check({k: self.global_state[k] for k in self.method.shared_keys})
         new_shared = self.method.aggregate(server_round, self.global_state, updates)

@@ -1,14 +1,18 @@
 """Federated methods: what is shared, what stays local, and how the server aggregates."""
 
-from .base import ClientUpdates, Method, weighted_average
+from .base import ClientContext, ClientUpdates, Method, weighted_average
 from .fedavg import FedAvg
+from .fedbn import FedBN, SiloBN
 from .registry import METHODS, get_method, list_methods, register_method
 
 __all__ = [
+    "ClientContext",
     "ClientUpdates",
     "Method",
     "weighted_average",
     "FedAvg",
+    "FedBN",
+    "SiloBN",
     "METHODS",
     "get_method",
     "list_methods",

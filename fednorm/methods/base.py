@@ -17,7 +17,41 @@ from torch import nn
 
 from ..errors import InconsistentUpdateError
 
-__all__ = ["ClientUpdates", "Method", "weighted_average"]
+__all__ = ["ClientContext", "ClientUpdates", "Method", "weighted_average"]
+
+
+@dataclass
+class ClientContext:
+    """One client's view of a round, handed to the method's client-side hooks.
+
+    Attributes:
+        server_round: the round (1-based).
+        client_id: the client.
+        model: the working model, already loaded with the global shared tensors and this
+            client's local ones; hooks may run it (e.g. a statistics pass) or change it.
+        x, y: the client's training samples.
+        global_state: the downloaded global state (read-only).
+        local_state: the client's persistent state from the bank (mutable; saved after the
+            round together with the model's local tensors). Method-specific entries use a
+            ``"<method>."`` key prefix.
+        uploads: tensors sent to the server besides the shared weights (e.g. statistics);
+            every client of a round must upload the same keys and shapes.
+        lr: this round's learning rate.
+    """
+
+    server_round: int
+    client_id: int
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    global_state: dict[str, torch.Tensor]
+    local_state: dict[str, torch.Tensor]
+    uploads: dict[str, torch.Tensor] = field(default_factory=dict)
+    lr: float = 0.0
+
+    @property
+    def num_examples(self) -> int:
+        return len(self.x)
 
 
 @dataclass
@@ -112,7 +146,25 @@ class Method:
         """A client's local tensors before its first round (default: the global initialisation)."""
         return {k: global_state[k].clone() for k in self.local_keys}
 
+    # -- client-side hooks (run inside the executor, once per sampled client) ----------------
+    def client_begin(self, ctx: ClientContext) -> None:
+        """Before local training: extra phases such as HBN's statistics pass (default: nothing)."""
+
+    def client_loss(self, ctx: ClientContext, model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to minimise given the data loss (FedProx, MOON override this)."""
+        return loss
+
+    def client_end(self, ctx: ClientContext) -> None:
+        """After local training: e.g. SCAFFOLD's control-variate update (default: nothing)."""
+
+    @property
+    def has_client_loss(self) -> bool:
+        return type(self).client_loss is not Method.client_loss
+
     # -- server -----------------------------------------------------------------------------
+    def configure_round(self, server_round: int, client_ids: list[int]) -> None:
+        """Server side, before the round's clients run (default: nothing)."""
+
     def client_weights(self, updates: ClientUpdates) -> torch.Tensor:
         return updates.num_examples
 
