@@ -165,6 +165,8 @@ DEFAULT_VARIANTS: tuple[dict[str, Any], ...] = (
     {"method": "fedavg", "norm": "gn"},
     {"method": "fedavg", "norm": "ln"},
     {"method": "fedavg", "norm": "none"},
+    {"method": "silobn", "norm": "bn"},
+    {"method": "fedbn", "norm": "bn"},
 )
 
 
