@@ -80,7 +80,12 @@ class ExperimentConfig(BaseModel):
     # --- run --------------------------------------------------------------------------------
     seed: int = Field(0, ge=0, description="seed of every random choice (partition, init, sampling, batches)")
     out: str | None = Field(None, description="run directory (default: runs/<method>-<norm>-<dataset>-<time>)")
-    executor: Literal["auto", "sequential"] = Field("auto", description="how a round's clients are executed")
+    executor: Literal["auto", "sequential", "vectorized"] = Field(
+        "auto",
+        description="how a round's clients run: one after another, or together as a client dimension "
+        "(auto: vectorized when the model and method support it)",
+    )
+    max_parallel_clients: int = Field(64, ge=1, description="most clients trained together by the vectorized executor")
     device: str = Field("cpu", description="torch device")
     dtype: Literal["float32", "float64"] = Field("float32", description="parameter dtype (float64 for exactness checks)")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (default: torch's choice)")

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["normalize", "random_crop_flip"]
+__all__ = ["normalize", "random_crop_flip", "draw_crop_flip", "apply_crop_flip"]
 
 
 def normalize(
@@ -101,16 +101,38 @@ def random_crop_flip(
         raise ValueError(f"random_crop_flip expects B×C×H×W input (4D), got {x.dim()}D input")
     if padding < 0:
         raise ValueError(f"padding must be >= 0, got {padding}")
-    b, c, h, w = x.shape
-    rng_device = generator.device if generator is not None else x.device
-    top = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=rng_device)
-    left = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=rng_device)
-    if flip:
-        flipped = torch.rand(b, generator=generator, device=rng_device) < 0.5
-    else:
-        flipped = torch.zeros(b, dtype=torch.bool, device=rng_device)
-    top, left, flipped = top.to(x.device), left.to(x.device), flipped.to(x.device)
+    b = x.shape[0]
+    top, left, flipped = draw_crop_flip(b, padding=padding, flip=flip, generator=generator, device=x.device)
+    return apply_crop_flip(x, top, left, flipped, padding=padding)
 
+
+def draw_crop_flip(
+    batch_size: int,
+    *,
+    padding: int = 4,
+    flip: bool = True,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The random part of :func:`random_crop_flip`: row offsets, column offsets, flip flags.
+
+    Split out so that a vectorized executor can draw each client's numbers from that
+    client's own generator (the same numbers the sequential executor draws) and then apply
+    all clients' crops in one gather.
+    """
+    rng_device = generator.device if generator is not None else torch.device(device)
+    top = torch.randint(0, 2 * padding + 1, (batch_size,), generator=generator, device=rng_device)
+    left = torch.randint(0, 2 * padding + 1, (batch_size,), generator=generator, device=rng_device)
+    if flip:
+        flipped = torch.rand(batch_size, generator=generator, device=rng_device) < 0.5
+    else:
+        flipped = torch.zeros(batch_size, dtype=torch.bool, device=rng_device)
+    return top.to(device), left.to(device), flipped.to(device)
+
+
+def apply_crop_flip(x: Tensor, top: Tensor, left: Tensor, flipped: Tensor, *, padding: int = 4) -> Tensor:
+    """Crop each sample of ``x`` (``B×C×H×W``) at its offsets after zero padding, flipping where asked."""
+    b, c, h, w = x.shape
     padded = F.pad(x, (padding, padding, padding, padding)) if padding else x
     wp = w + 2 * padding
     rows = top[:, None] + torch.arange(h, device=x.device)  # B×H

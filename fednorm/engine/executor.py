@@ -17,12 +17,35 @@ from .bank import ClientStateBank
 from .local import LocalSpec, batch_plan, train_local
 from .rng import derive_seed, torch_generator
 
-__all__ = ["SequentialExecutor", "MOMENTUM_PREFIX", "stack_uploads"]
+__all__ = ["Executor", "SequentialExecutor", "MOMENTUM_PREFIX", "stack_uploads"]
 
 MOMENTUM_PREFIX = "dsgd.momentum."
 
 
-class SequentialExecutor:
+class Executor:
+    """Shared by executors: where a client's state comes from."""
+
+    name = "base"
+    method: Method
+    bank: ClientStateBank
+
+    def client_local(self, client_id: int, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The client's persistent state: from the bank, or the method's initial state."""
+        local = self.bank.get(client_id)
+        if local is None:
+            local = self.method.initial_client_state(client_id, global_state)
+        return dict(local)
+
+    def client_state(self, client_id: int, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Full model state of a client: global shared tensors plus its own local ones."""
+        state = dict(global_state)
+        if self.method.local_keys:
+            local = self.client_local(client_id, global_state)
+            state.update({k: local[k] for k in self.method.local_keys})
+        return state
+
+
+class SequentialExecutor(Executor):
     """Trains clients one after another on a shared working model."""
 
     name = "sequential"
@@ -43,21 +66,6 @@ class SequentialExecutor:
         self.spec = spec
         self.seed = seed
         self.last_samples_seen = 0
-
-    def client_local(self, client_id: int, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The client's persistent state: from the bank, or the method's initial state."""
-        local = self.bank.get(client_id)
-        if local is None:
-            local = self.method.initial_client_state(client_id, global_state)
-        return dict(local)
-
-    def client_state(self, client_id: int, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Full model state of a client: global shared tensors plus its own local ones."""
-        state = dict(global_state)
-        if self.method.local_keys:
-            local = self.client_local(client_id, global_state)
-            state.update({k: local[k] for k in self.method.local_keys})
-        return state
 
     def run_round(
         self, server_round: int, client_ids: list[int], global_state: dict[str, torch.Tensor], lr: float

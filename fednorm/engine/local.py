@@ -102,7 +102,7 @@ def _dsgd_step(
             m = g.clone() if prev is None and beta == 0 else (
                 (1 - beta) * g if prev is None else beta * prev + (1 - beta) * g
             )
-            p.sub_(lr * m)
+            p.add_(m, alpha=-lr)
             new_m[name] = m
     return new_m
 

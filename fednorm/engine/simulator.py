@@ -21,9 +21,11 @@ from ..data.federated import FederatedData, build_federated_data
 from ..errors import ConfigError, DivergenceError
 from ..methods import Method, get_method
 from ..models import get_model
+from ..nn.stacked import NotStackableError
 from .bank import ClientStateBank
 from .evaluation import evaluate
 from .executor import SequentialExecutor
+from .vectorized import VectorizedExecutor
 from .local import LocalSpec
 from .rng import derive_seed, numpy_rng
 
@@ -143,7 +145,8 @@ class Simulation:
             augment=self.data.augment,
             crop_padding=info.crop_padding,
         )
-        self.executor = SequentialExecutor(self.model, self.method, self.data, self.bank, self.spec, config.seed)
+        self.executor_note = ""
+        self.executor = self._make_executor()
         self.server_round = 0
         self.uplink_bytes = 0
         self.downlink_bytes = 0
@@ -151,6 +154,19 @@ class Simulation:
         self.samples_trained = 0
         self.wall_seconds = 0.0
         self.history: list[dict[str, Any]] = []
+
+    def _make_executor(self) -> SequentialExecutor | VectorizedExecutor:
+        cfg = self.config
+        args = (self.model, self.method, self.data, self.bank, self.spec, cfg.seed)
+        if cfg.executor == "sequential":
+            return SequentialExecutor(*args)
+        try:
+            return VectorizedExecutor(*args, max_clients=cfg.max_parallel_clients)
+        except NotStackableError as exc:
+            if cfg.executor == "vectorized":
+                raise ConfigError(f"executor 'vectorized' is not possible here: {exc}") from None
+            self.executor_note = f"sequential because {exc}"
+            return SequentialExecutor(*args)
 
     # -- one round --------------------------------------------------------------------------
     def sample_clients(self, server_round: int) -> list[int]:
@@ -294,5 +310,6 @@ class Simulation:
             "downlink_bytes": self.downlink_bytes,
             "comm_rounds": self.comm_rounds,
             "executor": self.executor.name,
+            "executor_note": self.executor_note,
             "method_summary": self.method.summary(),
         }

@@ -39,6 +39,7 @@ class PadShortcut(nn.Module):
         super().__init__()
         if planes < in_planes:
             raise ValueError(f"option-A shortcut cannot reduce channels ({in_planes} -> {planes})")
+        self.in_planes = in_planes
         self.stride = stride
         self.pad_front = (planes - in_planes) // 2
         self.pad_back = planes - in_planes - self.pad_front

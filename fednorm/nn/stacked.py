@@ -1,0 +1,298 @@
+"""Stacked models: K clients' copies of a network held inside its layers.
+
+At the papers' small batch sizes (HBN: 4) per-step framework overhead, not arithmetic, bounds
+training speed, so running clients one after another wastes most of the machine. A stacked
+model keeps every activation in a *client-concatenated channel* layout ``[B, K·C, ...]``
+(client k owns channels ``k·C .. (k+1)·C − 1``) and every parameter as ``[K, *shape]``:
+
+- ``Conv2d`` becomes one grouped convolution (``groups = K·g``), each client its own filters;
+- ``BatchNorm`` over ``K·C`` channels computes exactly each client's per-channel batch
+  statistics, and its running statistics are ``[K, C]`` buffers;
+- ``GroupNorm(G, C)`` becomes ``GroupNorm(K·G, K·C)``, whose groups never straddle clients;
+- ``Linear`` is one batched matrix product over ``[K, B, in]``;
+- element-wise ops, pooling and ``Flatten`` need no change, because flattening
+  ``[B, K·C, H, W]`` gives client-major ``[B, K·C·H·W]``.
+
+The stacked model's ``state_dict`` has the base model's keys with a leading client axis, which
+is exactly the ``[K, ...]`` layout methods aggregate over. ``K`` is read from the parameters at
+call time, so a stacked model also runs any subset of its clients through
+``torch.func.functional_call``. Cross-client statistics (FedTAN, FBN) are reductions of the
+``[K, C]`` view over the client axis.
+
+A model whose forward code reshapes across channels in a way this layout does not follow would
+silently compute something else, so :func:`stack_model` verifies the stacked forward against
+the base model client by client before it is used, and refuses otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "NotStackableError",
+    "StackedConv2d",
+    "StackedLinear",
+    "StackedBatchNorm",
+    "StackedGroupNorm",
+    "ClientPadShortcut",
+    "stack_model",
+    "to_client_layout",
+    "from_client_layout",
+]
+
+
+class NotStackableError(ValueError):
+    """Raised when a model cannot be run as a stacked (vectorized) model; says which module."""
+
+
+def to_client_layout(x: torch.Tensor) -> torch.Tensor:
+    """``[K, B, C, ...]`` (each client's batch) -> ``[B, K·C, ...]``."""
+    k, b, c = x.shape[:3]
+    return x.transpose(0, 1).reshape(b, k * c, *x.shape[3:])
+
+
+def from_client_layout(y: torch.Tensor, num_clients: int) -> torch.Tensor:
+    """``[B, K·C, ...]`` -> ``[K, B, C, ...]``."""
+    b = y.shape[0]
+    return y.reshape(b, num_clients, -1, *y.shape[2:]).transpose(0, 1)
+
+
+def _repeat(t: torch.Tensor | None, k: int) -> torch.Tensor | None:
+    return None if t is None else t.detach().unsqueeze(0).repeat(k, *([1] * t.dim())).contiguous()
+
+
+class StackedConv2d(nn.Module):
+    """K clients' ``Conv2d`` as one grouped convolution; ``weight`` is ``[K, C_out, C_in/g, kh, kw]``."""
+
+    def __init__(self, conv: nn.Conv2d, num_clients: int) -> None:
+        super().__init__()
+        if conv.padding_mode != "zeros":
+            raise NotStackableError(f"Conv2d with padding_mode='{conv.padding_mode}' is not supported")
+        self.out_channels = conv.out_channels
+        self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
+        self.weight = nn.Parameter(_repeat(conv.weight, num_clients), requires_grad=conv.weight.requires_grad)
+        self.bias = None if conv.bias is None else nn.Parameter(_repeat(conv.bias, num_clients), requires_grad=conv.bias.requires_grad)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.weight.shape[0]
+        w = self.weight.reshape(k * self.out_channels, *self.weight.shape[2:])
+        b = None if self.bias is None else self.bias.reshape(-1)
+        return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, k * self.groups)
+
+    def extra_repr(self) -> str:
+        return f"clients={self.weight.shape[0]}, weight={tuple(self.weight.shape[1:])}, stride={self.stride}, padding={self.padding}"
+
+
+class StackedLinear(nn.Module):
+    """K clients' ``Linear`` as a batched product; input ``[B, K·in]``, ``weight`` ``[K, out, in]``."""
+
+    def __init__(self, linear: nn.Linear, num_clients: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = nn.Parameter(_repeat(linear.weight, num_clients), requires_grad=linear.weight.requires_grad)
+        self.bias = None if linear.bias is None else nn.Parameter(_repeat(linear.bias, num_clients), requires_grad=linear.bias.requires_grad)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.weight.shape[0]
+        b = x.shape[0]
+        xk = x.reshape(b, k, self.in_features).transpose(0, 1)  # [K, B, in]
+        if self.bias is None:
+            y = torch.bmm(xk, self.weight.transpose(1, 2))
+        else:
+            y = torch.baddbmm(self.bias.unsqueeze(1), xk, self.weight.transpose(1, 2))
+        return y.transpose(0, 1).reshape(b, k * self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"clients={self.weight.shape[0]}, in={self.in_features}, out={self.out_features}"
+
+
+class StackedBatchNorm(nn.Module):
+    """K clients' BatchNorm: statistics per client and channel; buffers ``[K, C]``, counter ``[K]``."""
+
+    def __init__(self, bn: nn.modules.batchnorm._BatchNorm, num_clients: int) -> None:
+        super().__init__()
+        if bn.momentum is None:
+            raise NotStackableError("BatchNorm with momentum=None (cumulative average) is not supported")
+        self.num_features, self.eps, self.momentum = bn.num_features, bn.eps, bn.momentum
+        self.track_running_stats = bn.track_running_stats
+        self.weight = None if bn.weight is None else nn.Parameter(_repeat(bn.weight, num_clients))
+        self.bias = None if bn.bias is None else nn.Parameter(_repeat(bn.bias, num_clients))
+        if bn.track_running_stats:
+            self.register_buffer("running_mean", _repeat(bn.running_mean, num_clients))
+            self.register_buffer("running_var", _repeat(bn.running_var, num_clients))
+            self.register_buffer("num_batches_tracked", _repeat(bn.num_batches_tracked, num_clients))
+        else:
+            self.running_mean = self.running_var = self.num_batches_tracked = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        use_batch = self.training or self.running_mean is None
+        if self.training and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+        if use_batch and x.shape[0] * (x[0, 0].numel()) <= 1:
+            raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(x.shape)}")
+        return F.batch_norm(
+            x,
+            None if self.running_mean is None else self.running_mean.view(-1),
+            None if self.running_var is None else self.running_var.view(-1),
+            None if self.weight is None else self.weight.reshape(-1),
+            None if self.bias is None else self.bias.reshape(-1),
+            use_batch,
+            self.momentum,
+            self.eps,
+        )
+
+    def extra_repr(self) -> str:
+        k = (self.weight if self.weight is not None else self.running_mean).shape[0]
+        return f"clients={k}, num_features={self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+
+class StackedGroupNorm(nn.Module):
+    """K clients' ``GroupNorm(G, C)`` as ``GroupNorm(K·G, K·C)``; affine ``[K, C]``."""
+
+    def __init__(self, gn: nn.GroupNorm, num_clients: int) -> None:
+        super().__init__()
+        self.num_groups, self.num_channels, self.eps = gn.num_groups, gn.num_channels, gn.eps
+        self.weight = None if gn.weight is None else nn.Parameter(_repeat(gn.weight, num_clients))
+        self.bias = None if gn.bias is None else nn.Parameter(_repeat(gn.bias, num_clients))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = x.shape[1] // self.num_channels
+        w = None if self.weight is None else self.weight.reshape(-1)
+        b = None if self.bias is None else self.bias.reshape(-1)
+        return F.group_norm(x, k * self.num_groups, w, b, self.eps)
+
+
+class ClientPadShortcut(nn.Module):
+    """Option-A ResNet shortcut (stride + zero channel padding) applied per client."""
+
+    def __init__(self, shortcut: nn.Module) -> None:
+        super().__init__()
+        self.in_planes = shortcut.in_planes
+        self.stride = shortcut.stride
+        self.pad_front, self.pad_back = shortcut.pad_front, shortcut.pad_back
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stride != 1:
+            x = x[:, :, :: self.stride, :: self.stride]
+        b, kc, h, w = x.shape
+        k = kc // self.in_planes
+        y = F.pad(x.reshape(b, k, self.in_planes, h, w), (0, 0, 0, 0, self.pad_front, self.pad_back))
+        return y.reshape(b, -1, h, w)
+
+
+# Modules without tensors of their own that act per channel or element-wise.
+_PASSTHROUGH = (
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.ELU,
+    nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d,
+    nn.Dropout, nn.Dropout2d, nn.Identity, nn.Flatten,
+)
+
+
+def _convert(module: nn.Module, k: int) -> nn.Module:
+    from ..models.resnet import PadShortcut
+
+    if isinstance(module, nn.Conv2d):
+        return StackedConv2d(module, k)
+    if isinstance(module, nn.Linear):
+        return StackedLinear(module, k)
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return StackedBatchNorm(module, k)
+    if isinstance(module, nn.GroupNorm):
+        return StackedGroupNorm(module, k)
+    if isinstance(module, PadShortcut):
+        return ClientPadShortcut(module)
+    if isinstance(module, nn.Flatten) and module.start_dim != 1:
+        raise NotStackableError(f"Flatten(start_dim={module.start_dim}) is not supported")
+    own = list(module._parameters.values()) + list(module._buffers.values())
+    if any(t is not None for t in own) and not isinstance(module, _PASSTHROUGH):
+        raise NotStackableError(
+            f"{type(module).__name__} holds tensors of its own and has no stacked version"
+        )
+    for name, child in module.named_children():
+        setattr(module, name, _convert(child, k))
+    return module
+
+
+def _tensors(model: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
+    yield from model.state_dict(keep_vars=True).items()
+
+
+def stack_model(
+    model: nn.Module, num_clients: int, *, example_input: torch.Tensor | None = None, verify: bool = True
+) -> nn.Module:
+    """A stacked copy of ``model`` holding ``num_clients`` clients (the model is not modified).
+
+    Args:
+        model: a network built from supported layers (every model in ``fednorm.models``).
+        num_clients: the client count K.
+        example_input: a ``[B, C, H, W]`` batch used to verify the stacked forward against
+            the base model, client by client, in train and eval mode. Required when ``verify``.
+        verify: run the verification (recommended; it costs two small forward passes).
+
+    Raises:
+        NotStackableError: a module has no stacked version, or the verification failed.
+    """
+    stacked = _convert(copy.deepcopy(model), num_clients)
+    keys_base = {k: v.shape for k, v in model.state_dict().items()}
+    keys_stacked = {k: v.shape for k, v in stacked.state_dict().items()}
+    if set(keys_base) != set(keys_stacked):
+        raise NotStackableError(f"stacked state keys differ: {sorted(set(keys_base) ^ set(keys_stacked))}")
+    for key, shape in keys_base.items():
+        if keys_stacked[key] != (num_clients, *shape):
+            raise NotStackableError(f"stacked '{key}' has shape {tuple(keys_stacked[key])}, expected {(num_clients, *shape)}")
+    if verify:
+        if example_input is None:
+            raise ValueError("example_input is required to verify the stacked model")
+        _verify(model, stacked, num_clients, example_input)
+    return stacked
+
+
+def _train_without_dropout(model: nn.Module, training: bool) -> None:
+    """Train/eval mode, with dropout off: its random masks cannot match across layouts."""
+    model.train(training)
+    for m in model.modules():
+        if isinstance(m, (nn.Dropout, nn.Dropout2d)):
+            m.eval()
+
+
+@torch.no_grad()
+def _verify(model: nn.Module, stacked: nn.Module, k: int, x: torch.Tensor) -> None:
+    """Perturb each client's copy differently and compare the stacked forward with the base one."""
+    # In float64 so rounding (1e-12) cannot be mistaken for a layout error (O(1)).
+    base = copy.deepcopy(model).double().cpu()
+    probe = copy.deepcopy(stacked).double().cpu()
+    x = x.detach().double().cpu()
+    gen = torch.Generator().manual_seed(1234)
+    client_states = []
+    for i in range(k):
+        state = {}
+        for name, t in base.state_dict().items():
+            if t.is_floating_point():
+                noise = torch.randn(t.shape, generator=gen, dtype=t.dtype) * 0.05 * (i + 1)
+                state[name] = t + noise.to(t.device)
+            else:
+                state[name] = t.clone()
+        client_states.append(state)
+    stacked_state = {name: torch.stack([s[name] for s in client_states]) for name in client_states[0]}
+    xs = torch.stack([x + 0.1 * i for i in range(k)])  # each client its own batch
+    for training in (False, True):
+        probe.load_state_dict(stacked_state)
+        _train_without_dropout(probe, training)
+        out = from_client_layout(probe(to_client_layout(xs)), k)
+        for i in range(k):
+            ref_model = copy.deepcopy(base)
+            ref_model.load_state_dict(client_states[i])
+            _train_without_dropout(ref_model, training)
+            ref = ref_model(xs[i])
+            if out[i].shape != ref.shape or not torch.allclose(out[i], ref, rtol=1e-7, atol=1e-8):
+                err = (out[i] - ref).abs().max().item() if out[i].shape == ref.shape else float("nan")
+                raise NotStackableError(
+                    f"the stacked forward differs from the model's own forward for client {i} "
+                    f"({'train' if training else 'eval'} mode, max error {err:.3g}); its forward code "
+                    "probably mixes channels of different clients (e.g. torch.cat on channels)"
+                )

@@ -1,0 +1,95 @@
+"""Stacked models: layout, per-client equivalence with the base model, refusal of unsupported code."""
+
+import pytest
+import torch
+from torch import nn
+
+from fednorm.models import get_model, list_models
+from fednorm.nn.stacked import NotStackableError, from_client_layout, stack_model, to_client_layout
+
+
+def _clients_states(model, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    states = []
+    for i in range(k):
+        s = {}
+        for name, t in model.state_dict().items():
+            s[name] = t + 0.1 * (i + 1) * torch.randn(t.shape, generator=g, dtype=t.dtype) if t.is_floating_point() else t.clone()
+        states.append(s)
+    return states
+
+
+@pytest.mark.parametrize("name", ["simple_cnn", "mlp", "fedbn_cnn", "ln_cnn", "resnet20"])
+@pytest.mark.parametrize("norm", ["bn", "gn", "ln", "none"])
+def test_stacked_forward_backward_equal_each_clients_own_model(name, norm):
+    torch.manual_seed(0)
+    model = get_model(name, num_classes=10, in_channels=1, input_size=8, norm=norm).double()
+    k = 3
+    x = torch.randn(4, 1, 8, 8, dtype=torch.float64)
+    stacked = stack_model(model, k, example_input=x.float() if False else x)
+    states = _clients_states(model, k)
+    stacked.load_state_dict({n: torch.stack([s[n] for s in states]) for n in states[0]})
+    xs = torch.stack([x * (i + 1) for i in range(k)])
+    stacked.train()
+    out = from_client_layout(stacked(to_client_layout(xs)), k)
+    out.pow(2).sum().backward()
+    for i in range(k):
+        ref = get_model(name, num_classes=10, in_channels=1, input_size=8, norm=norm).double()
+        ref.load_state_dict(states[i])
+        ref.train()
+        y = ref(xs[i])
+        torch.testing.assert_close(out[i], y, rtol=1e-12, atol=1e-12)
+        y.pow(2).sum().backward()
+        stacked_params = dict(stacked.named_parameters())
+        for pname, p in ref.named_parameters():
+            torch.testing.assert_close(stacked_params[pname].grad[i], p.grad, rtol=1e-10, atol=1e-12, msg=lambda m: f"{pname}: {m}")
+        # BN running statistics are updated per client
+        stacked_buffers = dict(stacked.named_buffers())
+        for bname, b in ref.named_buffers():
+            torch.testing.assert_close(stacked_buffers[bname][i], b, rtol=1e-12, atol=1e-12)
+
+
+def test_stacked_state_has_base_keys_with_a_client_axis():
+    model = get_model("simple_cnn", in_channels=1, input_size=8)
+    stacked = stack_model(model, 5, example_input=torch.randn(2, 1, 8, 8))
+    base = model.state_dict()
+    for key, value in stacked.state_dict().items():
+        assert value.shape == (5, *base[key].shape), key
+
+
+def test_every_registered_model_stacks_without_error():
+    for name in list_models():
+        model = get_model(name, num_classes=4, in_channels=1, input_size=8, norm="bn")
+        stack_model(model, 2, example_input=torch.randn(2, 1, 8, 8))
+
+
+class ChannelConcat(nn.Module):
+    """Concatenates two branches on channels: wrong in the client layout, must be refused."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(1, 2, 3, padding=1)
+        self.b = nn.Conv2d(1, 2, 3, padding=1)
+        self.head = nn.Linear(4 * 8 * 8, 3)
+
+    def forward(self, x):
+        return self.head(torch.flatten(torch.cat([self.a(x), self.b(x)], dim=1), 1))
+
+
+def test_forward_code_that_mixes_clients_is_refused():
+    with pytest.raises(NotStackableError, match="mixes channels"):
+        stack_model(ChannelConcat(), 2, example_input=torch.randn(2, 1, 8, 8))
+
+
+class WithOwnParameter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def test_modules_with_unknown_tensors_are_refused():
+    with pytest.raises(NotStackableError, match="WithOwnParameter"):
+        stack_model(nn.Sequential(nn.Flatten(), WithOwnParameter()), 2, example_input=torch.randn(2, 3))
