@@ -54,50 +54,143 @@ def resolve_config(config: ExperimentConfig | Mapping[str, Any] | str | Path | N
     return load_config(None, merged)
 
 
+# Settings that may change when a run is resumed; every other field must match the checkpoint.
+RESUMABLE_OVERRIDES = ("rounds", "eval_every", "eval_batch_size", "checkpoint_every", "threads", "out", "device")
+
+
+class _StopRequest:
+    """Turns the first SIGINT/SIGTERM into a request to stop after the current round."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopRequest":
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None:  # a second signal: stop now
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _check_resumable(cfg: ExperimentConfig, saved: Mapping[str, Any], run_dir: Path) -> None:
+    from .errors import ConfigError
+
+    now = cfg.model_dump(mode="json")
+    diff = [k for k in now if k not in RESUMABLE_OVERRIDES and now[k] != saved.get(k)]
+    if diff:
+        detail = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {now[k]!r}" for k in diff)
+        raise ConfigError(f"cannot resume {run_dir}: settings differ from the checkpoint ({detail})")
+
+
 def run(
     config: ExperimentConfig | Mapping[str, Any] | str | Path | None = None,
     *,
     data: FederatedData | None = None,
     write: bool = True,
     progress: bool | None = None,
+    resume: str | Path | None = None,
     **overrides: Any,
 ) -> RunResult:
-    """Run one federated experiment.
+    """Run one federated experiment, or resume one from its run directory.
 
     Args:
         config: an :class:`ExperimentConfig`, a mapping of fields, or a YAML path.
         data: reuse already-built client data (same dataset/partition/seed).
-        write: write the run directory (``config.out`` or ``runs/<method>-<norm>-...``).
+        write: write the run directory (``config.out`` or ``runs/<method>-<norm>-...``),
+            including checkpoints every ``checkpoint_every`` rounds and at the end.
         progress: show a progress bar (default: only on a terminal).
+        resume: a run directory to continue from its latest checkpoint; its ``config.yaml`` is
+            the config, and only ``rounds``, ``eval_every``, ``checkpoint_every``, ``threads``,
+            ``device`` may be overridden (e.g. ``rounds=`` to extend a finished run).
         **overrides: config fields, e.g. ``rounds=5``.
+
+    A first SIGINT/SIGTERM stops the run after the current round with a checkpoint
+    (``summary["status"] == "interrupted"``); a second one stops at once.
     """
-    cfg = resolve_config(config, **overrides)
+    from .engine.checkpoint import load_latest, save_checkpoint
+    from .errors import ConfigError, DivergenceError, RoundFailedError
+
+    checkpoint = None
+    if resume is not None:
+        run_dir = Path(resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"cannot resume {run_dir}: no config.yaml there (is it a fednorm run directory?)")
+        bad = [k for k in overrides if k not in RESUMABLE_OVERRIDES and overrides[k] is not None]
+        if bad:
+            raise ConfigError(
+                f"cannot change {', '.join(sorted(bad))} when resuming; only {', '.join(RESUMABLE_OVERRIDES)} may change"
+            )
+        cfg = load_config(run_dir / "config.yaml", {**overrides, "out": str(run_dir)})
+        checkpoint = load_latest(run_dir)
+        _check_resumable(cfg, checkpoint["config"], run_dir)
+        write = True
+    else:
+        cfg = resolve_config(config, **overrides)
     sim = Simulation(cfg, data=data)
+    if checkpoint is not None:
+        sim.load_state_dict(checkpoint)
     writer = None
     if write:
         out = Path(cfg.out) if cfg.out else default_run_dir(cfg)
         cfg = cfg.model_copy(update={"out": str(out)})
         sim.config = cfg
-        writer = RunWriter(out, cfg)
+        writer = RunWriter(out, cfg, history=sim.history if checkpoint is not None else None)
+        if checkpoint is None:  # round 0, so a run that fails early still has a good checkpoint
+            save_checkpoint(writer.dir, sim.state_dict())
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=cfg.rounds, desc=f"{cfg.method}+{cfg.norm}", unit="round", disable=None if progress is None else not progress, leave=False)
+    status = "completed"
+    error: BaseException | None = None
+    bar = tqdm(total=cfg.rounds, initial=sim.server_round, desc=f"{cfg.method}+{cfg.norm}", unit="round",
+               disable=None if progress is None else not progress, leave=False)
     try:
-        for record in sim.rounds():
-            bar.update(1)
-            post = {"loss": f"{record.train_loss:.3f}"}
-            if record.metrics:
-                post["acc"] = f"{100 * record.metrics['test_accuracy']:.1f}"
-                if writer is not None:
-                    writer.log(record.metrics)
-            bar.set_postfix(post)
+        with _StopRequest() as stop:
+            for record in sim.rounds():
+                bar.update(1)
+                post = {"loss": f"{record.train_loss:.3f}"}
+                if record.metrics:
+                    post["acc"] = f"{100 * record.metrics['test_accuracy']:.1f}"
+                    if writer is not None:
+                        writer.log(record.metrics)
+                bar.set_postfix(post)
+                if writer is not None and cfg.checkpoint_every and sim.server_round % cfg.checkpoint_every == 0:
+                    save_checkpoint(writer.dir, sim.state_dict())
+                if stop.signal is not None:
+                    status = "interrupted"
+                    break
+    except (DivergenceError, RoundFailedError) as exc:
+        status = "diverged" if isinstance(exc, DivergenceError) else "failed"
+        error = exc
+    except KeyboardInterrupt as exc:
+        status, error = "interrupted", exc
     finally:
         bar.close()
-        if writer is not None:
-            writer.close()
     summary = sim.summary()
+    summary["status"] = status
+    if error is not None:
+        summary["error"] = str(error) or type(error).__name__
     if writer is not None:
+        if error is None:  # never overwrite the last good checkpoint with a failed state
+            save_checkpoint(writer.dir, sim.state_dict())
         writer.finish(summary, sim.history)
+    if error is not None:
+        if writer is not None and not isinstance(error, KeyboardInterrupt):
+            raise type(error)(f"{error} (the last good checkpoint is in {writer.dir}; fednorm run --resume {writer.dir})") from error
+        raise error
     return RunResult(cfg, sim.history, summary, writer.dir if writer else None, sim)
 
 

@@ -9,11 +9,12 @@ option always mean the same thing (``local_epochs`` <-> ``--local-epochs``).
 from __future__ import annotations
 
 import math
+import typing
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .errors import ConfigError
 
@@ -77,6 +78,14 @@ class ExperimentConfig(BaseModel):
     eval_every: int = Field(1, ge=1, description="evaluate every N rounds (the last round is always evaluated)")
     eval_batch_size: int = Field(1024, ge=1, description="batch size for evaluation")
 
+    # --- reliability ------------------------------------------------------------------------
+    checkpoint_every: int = Field(10, ge=0, description="write a checkpoint every N rounds (0: only at the end and on SIGINT/SIGTERM)")
+    min_clients: int = Field(1, ge=1, description="a round fails unless at least this many sampled clients answer")
+    client_failure_rate: float = Field(0.0, ge=0, le=1, description="simulated fault: probability that a sampled client crashes before training")
+    client_nan_rate: float = Field(0.0, ge=0, le=1, description="simulated fault: probability that a client uploads a NaN update")
+    straggler_rate: float = Field(0.0, ge=0, le=1, description="probability that a client's update arrives too late and is dropped (HBN's stragglers)")
+    client_deadline: float | None = Field(None, gt=0, description="drop a client whose local training takes longer (seconds, wall clock)")
+
     # --- run --------------------------------------------------------------------------------
     seed: int = Field(0, ge=0, description="seed of every random choice (partition, init, sampling, batches)")
     out: str | None = Field(None, description="run directory (default: runs/<method>-<norm>-<dataset>-<time>)")
@@ -103,6 +112,24 @@ class ExperimentConfig(BaseModel):
     def _finite(cls, value: float) -> float:
         if not math.isfinite(value):
             raise ValueError(f"must be a finite number, got {value}")
+        return value
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # YAML reads yes/no/on/off/true/false as booleans; `rounds: yes` must not become 1.
+        if isinstance(value, bool):
+            ann = cls.model_fields[info.field_name].annotation
+            types_ = set(typing.get_args(ann)) or {ann}
+            if bool not in types_ and types_ & {int, float}:
+                raise ValueError(f"expected a number, got the boolean {value}")
+        return value
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_range(cls, value: int) -> int:
+        if value >= 2**63:
+            raise ValueError(f"must be below 2**63, got {value}")
         return value
 
     @field_validator("lr_milestones")
@@ -164,9 +191,13 @@ def load_config(
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         try:
-            loaded = yaml.safe_load(p.read_text())
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {p} is not UTF-8 text: {exc}") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {p} is not valid YAML: {exc}") from None
+        except RecursionError:
+            raise ConfigError(f"config file {p} is nested too deeply to be a fednorm config") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -174,7 +205,13 @@ def load_config(
         data.update(loaded)
     if overrides:
         data.update({k: v for k, v in overrides.items() if v is not None})
+    bad_keys = [k for k in data if not isinstance(k, str)]
+    if bad_keys:
+        where = f" in {source}" if source else ""
+        raise ConfigError(f"invalid configuration{where}: field names must be strings, got {bad_keys!r}")
     try:
         return ExperimentConfig(**data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, source)) from None
+    except RecursionError:
+        raise ConfigError("invalid configuration: values are nested too deeply") from None

@@ -17,6 +17,7 @@ __all__ = [
     "InconsistentUpdateError",
     "DatasetError",
     "DivergenceError",
+    "RoundFailedError",
 ]
 
 
@@ -46,3 +47,7 @@ class DatasetError(RuntimeError):
 
 class DivergenceError(RuntimeError):
     """Raised when a loss or a parameter becomes NaN/Inf; names round, client and method."""
+
+
+class RoundFailedError(RuntimeError):
+    """Raised when fewer than ``min_clients`` clients of a round answer; names the round and the causes."""

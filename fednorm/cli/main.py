@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import yaml
 
 from ..config import ExperimentConfig
-from ..errors import DatasetError, DivergenceError, FednormError
+from ..errors import ConfigError, DatasetError, DivergenceError, FednormError, RoundFailedError
 
 __all__ = ["main", "build_parser", "QUICKSTART"]
 
@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_run = sub.add_parser("run", help="run one federated experiment", description="Run one federated experiment.")
     p_run.add_argument("--config", type=Path, help="YAML config file (options below override it)")
+    p_run.add_argument(
+        "--resume", type=Path, metavar="RUN_DIR",
+        help="continue a run from its latest checkpoint (only --rounds, --eval-every, --checkpoint-every, --threads, --device may change)",
+    )
     p_run.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_config_options(p_run)
 
@@ -165,9 +169,16 @@ def _config_from(args: argparse.Namespace, base: dict[str, Any] | None = None) -
 def _cmd_run(args: argparse.Namespace) -> int:
     from ..api import run
 
-    cfg = _config_from(args)
-    result = run(cfg, progress=False if args.quiet else None)
+    if args.resume is not None:
+        if args.config is not None:
+            raise ConfigError("--resume takes its settings from RUN_DIR/config.yaml; do not pass --config")
+        fields = {k: v for k, v in vars(args).items() if k in ExperimentConfig.model_fields}
+        result = run(resume=args.resume, progress=False if args.quiet else None, **fields)
+    else:
+        result = run(_config_from(args), progress=False if args.quiet else None)
     s = result.summary
+    if s["status"] == "interrupted":
+        print(f"interrupted after round {s['rounds']}; continue with: fednorm run --resume {result.out_dir}")
     print(
         f"{s['method']}+{s['norm']} on {s['dataset']} ({s['partition']}, {s['num_clients']} clients): "
         f"final test accuracy {100 * s['final_test_accuracy']:.2f}%, best {100 * s['best_test_accuracy']:.2f}% "
@@ -261,6 +272,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ..engine.checkpoint import CheckpointError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -272,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FednormError as exc:
         print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except (DatasetError, DivergenceError) as exc:
+    except (DatasetError, DivergenceError, RoundFailedError, CheckpointError) as exc:
         print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ per client), carved out of the global test set by :func:`~fednorm.data.partition
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,7 @@ from ..errors import PartitionError
 from .datasets import DatasetInfo, dataset_to_tensors, load_dataset
 from .partition import label_histogram, partition, split_like
 
-__all__ = ["FederatedData", "build_federated_data"]
+__all__ = ["FederatedData", "build_federated_data", "cached_federated_data"]
 
 
 @dataclass
@@ -107,3 +108,16 @@ def build_federated_data(
         client_test=[torch.as_tensor(p, dtype=torch.int64) for p in test_parts],
         augment=info.augment if augment is None else augment,
     )
+
+
+@functools.lru_cache(maxsize=4)
+def _cached(dataset: str, num_clients: int, partition_name: str, seed: int, data_dir: str | None, params: tuple) -> FederatedData:
+    return build_federated_data(dataset, num_clients=num_clients, partition_name=partition_name, seed=seed, data_dir=data_dir, **dict(params))
+
+
+def cached_federated_data(
+    dataset: str, *, num_clients: int, partition_name: str, seed: int, data_dir: str | None = None, **partition_params: object
+) -> FederatedData:
+    """:func:`build_federated_data`, memoised per process (for worker processes that serve many
+    clients, e.g. Flower's simulation actors). Treat the result as read-only."""
+    return _cached(dataset, num_clients, partition_name, seed, data_dir, tuple(sorted(partition_params.items())))

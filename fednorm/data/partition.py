@@ -190,9 +190,16 @@ def _check_seed(seed: Any) -> int:
     return int(seed)
 
 
+# Below this, log(U)/alpha overflows float64 and the Dirichlet draw is meaningless; any alpha
+# this small already gives every class (or all data) to one client.
+_MIN_ALPHA = 1e-100
+
+
 def _check_alpha(alpha: Any, arg: str = "alpha") -> float:
     if not _is_real(alpha) or not np.isfinite(alpha) or alpha <= 0:
         raise PartitionError(f"{arg} must be a finite real number > 0 (Dirichlet concentration), got {alpha!r}")
+    if alpha < _MIN_ALPHA:
+        raise PartitionError(f"{arg}={alpha!r} is too small to sample; use {arg} >= {_MIN_ALPHA:g} (already maximal skew)")
     return float(alpha)
 
 

@@ -3,7 +3,7 @@
 A checkpoint is one ``torch.save`` file holding a dict of tensors and plain Python values (ints,
 floats, strings, bools, ``None``, lists, tuples and dicts), so it loads with
 ``torch.load(weights_only=True)`` and never runs code from the file. :func:`save_checkpoint`
-writes it to a temporary file in the run directory, ``fsync``\\ s it, moves the current
+writes it to a temporary file in the run directory, forces it to disk (``fsync``), moves the current
 ``checkpoint.pt`` to ``checkpoint.prev.pt`` and renames the temporary file onto ``checkpoint.pt``,
 so a crash (or power loss) at any instant leaves at least one complete checkpoint: the new one,
 or the previous one. :func:`load_latest` resumes from ``checkpoint.pt`` and falls back, with a
@@ -135,7 +135,9 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
         TypeError: if ``state`` is not a dict or holds a value that cannot be loaded back with
             ``weights_only=True`` (the message gives its location, e.g. ``state['bank'][3]``).
         ValueError: if ``state`` uses a reserved key.
-        OSError: if the file cannot be written; the existing checkpoints are left untouched.
+        OSError: if the file cannot be written or renamed. The temporary file is removed, and a
+            complete checkpoint is left: the old ``checkpoint.pt`` or, after a failure between the
+            two renames, ``checkpoint.prev.pt``.
     """
     if not isinstance(state, dict):
         raise TypeError(f"checkpoint state must be a dict, got {type(state).__name__}")

@@ -7,11 +7,13 @@ shared result into a stacked ``[K, ...]`` buffer, which is what methods aggregat
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
 from ..data.federated import FederatedData
-from ..errors import InconsistentUpdateError
+from ..errors import DivergenceError, InconsistentUpdateError
 from ..methods.base import ClientContext, ClientUpdates, Method
 from .bank import ClientStateBank
 from .local import LocalSpec, batch_plan, train_local
@@ -70,81 +72,88 @@ class SequentialExecutor(Executor):
     def run_round(
         self, server_round: int, client_ids: list[int], global_state: dict[str, torch.Tensor], lr: float
     ) -> ClientUpdates:
-        method, model, data, spec = self.method, self.model, self.data, self.spec
-        k = len(client_ids)
-        stacked = {
-            key: torch.empty((k, *global_state[key].shape), dtype=global_state[key].dtype, device=global_state[key].device)
+        """Train ``client_ids`` one by one. A client whose training raises (other than a
+        divergence, which stops the run) is left out of the updates and listed in ``failures``."""
+        method = self.method
+        rows: list[dict[str, torch.Tensor]] = []
+        kept: list[int] = []
+        stats: list[tuple[float, float, int, float]] = []
+        uploads: list[dict[str, torch.Tensor]] = []
+        failures: dict[int, str] = {}
+        self.last_samples_seen = 0
+        for cid in client_ids:
+            start = time.perf_counter()
+            try:
+                row, upload, n, loss, steps = self._train_client(server_round, cid, global_state, lr)
+            except (DivergenceError, KeyboardInterrupt):
+                raise
+            except Exception as exc:  # a crashing client is dropped from the round, not the run
+                failures[cid] = f"{type(exc).__name__}: {exc}"
+                continue
+            rows.append(row)
+            kept.append(cid)
+            uploads.append(upload)
+            stats.append((n, loss, steps, time.perf_counter() - start))
+        states = {
+            key: torch.stack([r[key] for r in rows]) if rows else global_state[key].new_empty((0, *global_state[key].shape))
             for key in method.shared_keys
         }
-        num_examples = torch.zeros(k, dtype=torch.float64)
-        train_loss = torch.full((k,), float("nan"), dtype=torch.float64)
-        num_steps = torch.zeros(k, dtype=torch.int64)
-        uploads: list[dict[str, torch.Tensor]] = []
-        self.last_samples_seen = 0
-        for i, cid in enumerate(client_ids):
-            local = self.client_local(cid, global_state)
-            model_state = dict(global_state)
-            model_state.update({key: local[key] for key in method.local_keys})
-            model.load_state_dict(model_state)
-            idx = data.client_train[cid]
-            n = len(idx)
-            num_examples[i] = n
-            ctx = ClientContext(
-                server_round=server_round,
-                client_id=cid,
-                model=model,
-                x=data.train_x.index_select(0, idx),
-                y=data.train_y.index_select(0, idx),
-                global_state=global_state,
-                local_state=local,
-                lr=lr,
-            )
-            gen = torch_generator(self.seed, "batches", server_round, cid)
-            plan = batch_plan(
-                n,
-                spec.batch_size,
-                epochs=spec.epochs,
-                steps=1 if spec.dsgd else spec.steps,
-                drop_last=spec.drop_last,
-                generator=gen,
-            )
-            # Dropout and any other module randomness draw from the global RNG: seed it per client.
-            torch.manual_seed(derive_seed(self.seed, "module-rng", server_round, cid))
-            method.client_begin(ctx)
-            momentum = {n_[len(MOMENTUM_PREFIX):]: v for n_, v in local.items() if n_.startswith(MOMENTUM_PREFIX)}
-            result = train_local(
-                model,
-                ctx.x,
-                ctx.y,
-                plan,
-                lr=lr,
-                spec=spec,
-                generator=gen,
-                momentum=momentum or None,
-                loss_hook=(lambda m, loss, ctx=ctx: method.client_loss(ctx, m, loss)) if method.has_client_loss else None,
-                where=f"round {server_round}, client {cid}, method {method.name}",
-            )
-            method.client_end(ctx)
-            train_loss[i] = result.mean_loss
-            num_steps[i] = result.steps
-            self.last_samples_seen += result.num_seen
-            state = model.state_dict()
-            for key in method.shared_keys:
-                stacked[key][i].copy_(state[key])
-            ctx.local_state.update({key: state[key] for key in method.local_keys})
-            if result.momentum is not None:
-                ctx.local_state.update({MOMENTUM_PREFIX + n_: v for n_, v in result.momentum.items()})
-            if ctx.local_state:
-                self.bank.put(cid, ctx.local_state)
-            uploads.append(ctx.uploads)
+        col = list(zip(*stats)) if stats else [(), (), (), ()]
         return ClientUpdates(
-            client_ids=list(client_ids),
-            states=stacked,
-            num_examples=num_examples,
-            train_loss=train_loss,
-            num_steps=num_steps,
-            extras=stack_uploads(uploads, client_ids),
+            client_ids=kept,
+            states=states,
+            num_examples=torch.tensor(col[0], dtype=torch.float64),
+            train_loss=torch.tensor(col[1], dtype=torch.float64),
+            num_steps=torch.tensor(col[2], dtype=torch.int64),
+            extras=stack_uploads(uploads, kept),
+            failures=failures,
+            seconds=torch.tensor(col[3], dtype=torch.float64),
         )
+
+    def _train_client(
+        self, server_round: int, cid: int, global_state: dict[str, torch.Tensor], lr: float
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int, float, int]:
+        method, model, data, spec = self.method, self.model, self.data, self.spec
+        local = self.client_local(cid, global_state)
+        model_state = dict(global_state)
+        model_state.update({key: local[key] for key in method.local_keys})
+        model.load_state_dict(model_state)
+        idx = data.client_train[cid]
+        n = len(idx)
+        ctx = ClientContext(
+            server_round=server_round,
+            client_id=cid,
+            model=model,
+            x=data.train_x.index_select(0, idx),
+            y=data.train_y.index_select(0, idx),
+            global_state=global_state,
+            local_state=local,
+            lr=lr,
+        )
+        gen = torch_generator(self.seed, "batches", server_round, cid)
+        plan = batch_plan(
+            n, spec.batch_size, epochs=spec.epochs, steps=1 if spec.dsgd else spec.steps,
+            drop_last=spec.drop_last, generator=gen,
+        )
+        # Dropout and any other module randomness draw from the global RNG: seed it per client.
+        torch.manual_seed(derive_seed(self.seed, "module-rng", server_round, cid))
+        method.client_begin(ctx)
+        momentum = {n_[len(MOMENTUM_PREFIX):]: v for n_, v in local.items() if n_.startswith(MOMENTUM_PREFIX)}
+        result = train_local(
+            model, ctx.x, ctx.y, plan, lr=lr, spec=spec, generator=gen, momentum=momentum or None,
+            loss_hook=(lambda m, loss: method.client_loss(ctx, m, loss)) if method.has_client_loss else None,
+            where=f"round {server_round}, client {cid}, method {method.name}",
+        )
+        method.client_end(ctx)
+        self.last_samples_seen += result.num_seen
+        state = model.state_dict()
+        row = {key: state[key].detach().clone() for key in method.shared_keys}
+        ctx.local_state.update({key: state[key] for key in method.local_keys})
+        if result.momentum is not None:
+            ctx.local_state.update({MOMENTUM_PREFIX + n_: v for n_, v in result.momentum.items()})
+        if ctx.local_state:
+            self.bank.put(cid, ctx.local_state)
+        return row, ctx.uploads, n, result.mean_loss, result.steps
 
 
 def stack_uploads(uploads: list[dict[str, torch.Tensor]], client_ids: list[int]) -> dict[str, torch.Tensor]:

@@ -44,12 +44,21 @@ def default_run_dir(config: ExperimentConfig, root: str | Path = "runs") -> Path
 class RunWriter:
     """Writes one run's directory as the run progresses."""
 
-    def __init__(self, out_dir: str | Path, config: ExperimentConfig) -> None:
+    def __init__(self, out_dir: str | Path, config: ExperimentConfig, history: list[dict[str, Any]] | None = None) -> None:
+        """Start (or, with ``history``, continue) a run directory.
+
+        When resuming, ``metrics.jsonl`` is rewritten from the checkpoint's ``history`` first,
+        so evaluations logged after that checkpoint (and recomputed now) are not duplicated.
+        """
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config
         self._atomic_write("config.yaml", config.to_yaml())
-        self._metrics = open(self.dir / "metrics.jsonl", "w")
+        if history is not None:
+            self._atomic_write("metrics.jsonl", "".join(json.dumps(_clean(r)) + "\n" for r in history))
+            self._metrics = open(self.dir / "metrics.jsonl", "a")
+        else:
+            self._metrics = open(self.dir / "metrics.jsonl", "w")
 
     def _atomic_write(self, name: str, text: str) -> None:
         tmp = self.dir / f".{name}.tmp"
@@ -61,7 +70,7 @@ class RunWriter:
         self._metrics.flush()
 
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
-        self._metrics.close()
+        self.close()
         self._atomic_write("summary.json", json.dumps(_clean(summary), indent=2) + "\n")
         if history:
             from ..plotting import plot_accuracy

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..config import ExperimentConfig
 from ..data.federated import FederatedData, build_federated_data
-from ..errors import ConfigError, DivergenceError
+from ..errors import ConfigError, DivergenceError, RoundFailedError
 from ..methods import Method, get_method
 from ..models import get_model
 from ..nn.stacked import NotStackableError
@@ -154,6 +154,9 @@ class Simulation:
         self.samples_trained = 0
         self.wall_seconds = 0.0
         self.history: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self._pending_events: list[dict[str, Any]] = []
+        self.dropped: dict[str, int] = {}
 
     def _make_executor(self) -> SequentialExecutor | VectorizedExecutor:
         cfg = self.config
@@ -177,14 +180,78 @@ class Simulation:
         rng = numpy_rng(self.config.seed, "client-sampling", server_round)
         return sorted(int(c) for c in rng.choice(k, size=m, replace=False))
 
+    def _fault_plan(self, server_round: int, clients: list[int]) -> dict[int, str]:
+        """Simulated faults of this round (seeded): client -> "crash" | "nan" | "straggler"."""
+        cfg = self.config
+        if not (cfg.client_failure_rate or cfg.client_nan_rate or cfg.straggler_rate):
+            return {}
+        rng = numpy_rng(cfg.seed, "faults", server_round)
+        plan: dict[int, str] = {}
+        for cid in clients:  # three draws per client, so one rate does not shift the others
+            crash, nan, late = rng.random(3)
+            if crash < cfg.client_failure_rate:
+                plan[cid] = "crash"
+            elif nan < cfg.client_nan_rate:
+                plan[cid] = "nan"
+            elif late < cfg.straggler_rate:
+                plan[cid] = "straggler"
+        return plan
+
     def step(self) -> RoundRecord:
-        """Run the next round (train, aggregate, and evaluate when due)."""
+        """Run the next round (train, drop failed clients, aggregate, evaluate when due).
+
+        Raises:
+            RoundFailedError: fewer than ``min_clients`` clients answered.
+            DivergenceError: a training loss or an aggregated parameter became NaN/Inf.
+        """
+        cfg = self.config
         server_round = self.server_round + 1
         start = time.perf_counter()
         clients = self.sample_clients(server_round)
-        lr = self.config.lr_at(server_round)
+        lr = cfg.lr_at(server_round)
         self.method.configure_round(server_round, clients)
-        updates = self.executor.run_round(server_round, clients, self.global_state, lr)
+        faults = self._fault_plan(server_round, clients)
+        events: list[dict[str, Any]] = []
+        training = [c for c in clients if faults.get(c) != "crash"]
+        for cid in clients:
+            if faults.get(cid) == "crash":
+                events.append({"round": server_round, "client": cid, "kind": "crash", "detail": "simulated failure before training"})
+        updates = self.executor.run_round(server_round, training, self.global_state, lr) if training else None
+        keep: list[int] = []
+        if updates is not None:
+            for cid, reason in updates.failures.items():
+                events.append({"round": server_round, "client": cid, "kind": "error", "detail": reason})
+            for row, cid in enumerate(updates.client_ids):
+                kind = faults.get(cid)
+                if kind == "nan":
+                    for value in updates.states.values():
+                        if value.is_floating_point():
+                            value[row].fill_(float("nan"))
+                if kind == "straggler":
+                    events.append({"round": server_round, "client": cid, "kind": "straggler", "detail": "update arrived after the round closed"})
+                    continue
+                if cfg.client_deadline is not None and updates.seconds is not None and float(updates.seconds[row]) > cfg.client_deadline:
+                    events.append({"round": server_round, "client": cid, "kind": "deadline",
+                                   "detail": f"trained {float(updates.seconds[row]):.2f}s > client_deadline={cfg.client_deadline}s"})
+                    continue
+                bad = [k for k, v in updates.states.items() if v.is_floating_point() and not torch.isfinite(v[row]).all()]
+                if bad:
+                    events.append({"round": server_round, "client": cid, "kind": "non_finite_update",
+                                   "detail": f"{len(bad)} tensors hold NaN/Inf, e.g. '{bad[0]}'"})
+                    continue
+                keep.append(row)
+        self.events.extend(events)
+        for e in events:
+            self.dropped[e["kind"]] = self.dropped.get(e["kind"], 0) + 1
+        if len(keep) < cfg.min_clients:
+            causes = "; ".join(f"client {e['client']}: {e['kind']} ({e['detail']})" for e in events) or "no client was sampled"
+            raise RoundFailedError(
+                f"round {server_round}: only {len(keep)} of {len(clients)} sampled clients answered, "
+                f"fewer than min_clients={cfg.min_clients} ({causes})"
+            )
+        assert updates is not None
+        if len(keep) < len(updates):
+            updates = updates.subset(keep)
         updates.check({k: self.global_state[k] for k in self.method.shared_keys})
         new_shared = self.method.aggregate(server_round, self.global_state, updates)
         for key, value in new_shared.items():
@@ -194,12 +261,10 @@ class Simulation:
                     f"(method {self.method.name}); lower the learning rate or clip gradients (max_grad_norm)"
                 )
             self.global_state[key] = value
-        active = int((updates.num_examples > 0).sum())
+        answered = len(updates) + sum(1 for e in events if e["kind"] in ("straggler", "deadline", "non_finite_update"))
         shared_bytes = tensor_bytes(self.global_state, self.method.shared_keys)
         self.downlink_bytes += shared_bytes * len(clients)
-        self.uplink_bytes += shared_bytes * active + sum(
-            t[0].numel() * t.element_size() * active for t in updates.extras.values()
-        )
+        self.uplink_bytes += (shared_bytes + sum(t[0].numel() * t.element_size() for t in updates.extras.values())) * answered
         self.comm_rounds += self.method.comm_rounds_per_round(self.model)
         self.samples_trained += self.executor.last_samples_seen
         w = updates.num_examples
@@ -208,7 +273,8 @@ class Simulation:
         self.wall_seconds += time.perf_counter() - start
         self.server_round = server_round
         record = RoundRecord(server_round, clients, train_loss, lr, time.perf_counter() - start)
-        if server_round % self.config.eval_every == 0 or server_round == self.config.rounds:
+        self._pending_events.extend(events)
+        if server_round % cfg.eval_every == 0 or server_round == cfg.rounds:
             record.metrics = self.evaluate()
             record.metrics.update(
                 {
@@ -220,10 +286,53 @@ class Simulation:
                     "downlink_bytes": self.downlink_bytes,
                     "comm_rounds": self.comm_rounds,
                     "samples_trained": self.samples_trained,
+                    "dropped_clients": dict(self.dropped),
+                    "events": self._pending_events,
                 }
             )
+            self._pending_events = []
             self.history.append(record.metrics)
         return record
+
+    # -- checkpointing ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue bit for bit (see :mod:`fednorm.engine.checkpoint`).
+
+        Random streams are derived from (seed, round, client), so no generator state is saved.
+        """
+        return {
+            "server_round": self.server_round,
+            "config": self.config.model_dump(mode="json"),
+            "global_state": {k: v.detach().cpu().clone() for k, v in self.global_state.items()},
+            "bank": {cid: {k: v.cpu() for k, v in s.items()} for cid, s in self.bank.state_dict().items()},
+            "method_state": self.method.state_dict(),
+            "counters": {
+                "uplink_bytes": self.uplink_bytes,
+                "downlink_bytes": self.downlink_bytes,
+                "comm_rounds": self.comm_rounds,
+                "samples_trained": self.samples_trained,
+                "wall_seconds": self.wall_seconds,
+                "dropped": dict(self.dropped),
+            },
+            "history": self.history,
+            "events": self.events,
+            "pending_events": self._pending_events,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint written by :meth:`state_dict`."""
+        self.server_round = int(state["server_round"])
+        self.global_state = {k: v.to(self.device) for k, v in state["global_state"].items()}
+        self.bank.load_state_dict(state["bank"])
+        self.method.load_state_dict(state.get("method_state", {}))
+        c = state["counters"]
+        self.uplink_bytes, self.downlink_bytes = int(c["uplink_bytes"]), int(c["downlink_bytes"])
+        self.comm_rounds, self.samples_trained = int(c["comm_rounds"]), int(c["samples_trained"])
+        self.wall_seconds = float(c["wall_seconds"])
+        self.dropped = dict(c.get("dropped", {}))
+        self.history = list(state["history"])
+        self.events = list(state.get("events", []))
+        self._pending_events = list(state.get("pending_events", []))
 
     def rounds(self) -> Iterator[RoundRecord]:
         """Run the remaining rounds, yielding each round's record."""
@@ -312,4 +421,5 @@ class Simulation:
             "executor": self.executor.name,
             "executor_note": self.executor_note,
             "method_summary": self.method.summary(),
+            "dropped_clients": dict(self.dropped),
         }

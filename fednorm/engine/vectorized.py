@@ -58,7 +58,9 @@ class VectorizedExecutor(Executor):
     Args:
         model: the base model (its structure; its values are not used).
         method, data, bank, spec, seed: as for :class:`~fednorm.engine.executor.SequentialExecutor`.
-        max_clients: the most clients held in one stacked model (memory bound).
+        max_clients: the most clients held in one stacked model.
+        memory_budget: bytes allowed for the stacked parameters, gradients and optimiser state
+            (default 2 GiB); lowers ``max_clients`` for large models (ResNet-18: 11 clients).
 
     Raises:
         NotStackableError: the model or method cannot be vectorized.
@@ -75,6 +77,7 @@ class VectorizedExecutor(Executor):
         spec: LocalSpec,
         seed: int,
         max_clients: int = 64,
+        memory_budget: int = 2 << 30,
     ) -> None:
         blockers = vectorization_blockers(method, spec)
         if blockers:
@@ -85,7 +88,9 @@ class VectorizedExecutor(Executor):
         self.bank = bank
         self.spec = spec
         self.seed = seed
-        self.max_clients = max_clients
+        # Parameters, gradients and momentum of K clients live at once: cap K by a memory budget.
+        model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        self.max_clients = max(1, min(max_clients, memory_budget // max(1, 4 * model_bytes)))
         self.last_samples_seen = 0
         self._stacked: dict[int, nn.Module] = {}
         # Verify once with two clients: the check does not depend on K.

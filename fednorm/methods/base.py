@@ -65,6 +65,9 @@ class ClientUpdates:
         train_loss: mean local training loss of each client (``[K]``).
         num_steps: local steps each client took (``[K]``).
         extras: method-specific uploads (e.g. statistics), stacked the same way.
+        failures: clients that raised during local training (client id -> reason); they
+            have no row.
+        seconds: wall-clock seconds of each client's local training, where measured.
     """
 
     client_ids: list[int]
@@ -73,9 +76,25 @@ class ClientUpdates:
     train_loss: torch.Tensor
     num_steps: torch.Tensor
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    failures: dict[int, str] = field(default_factory=dict)
+    seconds: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.client_ids)
+
+    def subset(self, rows: list[int]) -> "ClientUpdates":
+        """The updates of the clients at positions ``rows`` (e.g. without dropped clients)."""
+        idx = torch.tensor(rows, dtype=torch.int64)
+        return ClientUpdates(
+            client_ids=[self.client_ids[r] for r in rows],
+            states={k: v.index_select(0, idx) for k, v in self.states.items()},
+            num_examples=self.num_examples.index_select(0, idx),
+            train_loss=self.train_loss.index_select(0, idx),
+            num_steps=self.num_steps.index_select(0, idx),
+            extras={k: v.index_select(0, idx) for k, v in self.extras.items()},
+            failures=dict(self.failures),
+            seconds=None if self.seconds is None else self.seconds.index_select(0, idx),
+        )
 
     def check(self, expected: dict[str, torch.Tensor]) -> None:
         """Raise InconsistentUpdateError unless keys, shapes and dtypes match ``expected``."""
@@ -179,6 +198,14 @@ class Method:
     def comm_rounds_per_round(self, model: nn.Module) -> int:
         """Synchronisation rounds per server round (FedAvg: one exchange)."""
         return 1
+
+    # -- checkpointing ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Server-side method state that must survive a resume (e.g. a server optimiser's moments)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
 
     # -- reporting --------------------------------------------------------------------------
     def hparams(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from fednorm.nn.state import batch_norm_keys
 
 def _sim(method, **kw):
     base = dict(dataset="digits", partition="dirichlet", alpha=0.3, num_clients=4, rounds=2, batch_size=32,
-                lr=0.05, model="fedbn_cnn", norm="bn", method=method, dtype="float64")
+                lr=0.05, model="simple_cnn", norm="bn", method=method, dtype="float64")
     base.update(kw)
     return Simulation(ExperimentConfig(**base))
 
