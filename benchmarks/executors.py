@@ -6,7 +6,8 @@ process for ``--repeats`` repeats; medians of samples/s are compared:
 
 - ``sequential``: fednorm's sequential executor (one working model, clients one by one);
 - ``vectorized``: fednorm's vectorized executor (clients as a dimension of a stacked model);
-- ``central B``: one model trained centrally at batch B on the same number of samples;
+- ``central B``: one model trained centrally at batch B on the same number of samples (plain
+  NCHW batches, and ``central B CL`` with the channels-last batches fednorm uses);
 - ``central KB``: one model at batch K·B, the bound for any client-batching scheme.
 
     python benchmarks/executors.py --data-dir ../shared/data
@@ -30,7 +31,8 @@ from fednorm.data.transforms import random_crop_flip  # noqa: E402
 from fednorm.engine.simulator import Simulation  # noqa: E402
 
 
-def central(sim: Simulation, batch: int, steps: int, seed: int) -> int:
+def central(sim: Simulation, batch: int, steps: int, seed: int, channels_last: bool = False) -> int:
+    """Plain PyTorch at ``batch`` (optionally with channels-last batches, as fednorm feeds them)."""
     model = sim.model
     model.load_state_dict(sim.global_state)
     model.train()
@@ -42,6 +44,8 @@ def central(sim: Simulation, batch: int, steps: int, seed: int) -> int:
         xb = x.index_select(0, idx)
         if sim.data.augment:
             xb = random_crop_flip(xb, padding=4, generator=g)
+        if channels_last:
+            xb = xb.contiguous(memory_format=torch.channels_last)
         loss = F.cross_entropy(model(xb), y.index_select(0, idx))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -78,13 +82,15 @@ def main() -> None:
             k, steps = args.clients, args.steps
             for sim in sims.values():  # warm-up
                 sim.step()
-            rates: dict[str, list[float]] = {"sequential": [], "vectorized": [], "central B": [], "central KB": []}
+            rates: dict[str, list[float]] = {"sequential": [], "vectorized": [], "central B": [], "central B CL": [], "central KB": []}
             for rep in range(args.repeats):
                 for ex, sim in sims.items():
                     t, _ = timed(sim.step)
                     rates[ex].append(sim.executor.last_samples_seen / t)
                 t, n = timed(lambda: central(sims["sequential"], bsz, k * steps, rep))
                 rates["central B"].append(n / t)
+                t, n = timed(lambda: central(sims["sequential"], bsz, k * steps, rep, channels_last=True))
+                rates["central B CL"].append(n / t)
                 t, n = timed(lambda: central(sims["sequential"], k * bsz, steps, rep))
                 rates["central KB"].append(n / t)
             med = {name: median(v) for name, v in rates.items()}
@@ -93,6 +99,7 @@ def main() -> None:
                 **{f"{name} samples/s": v for name, v in med.items()},
                 "vectorized / sequential": med["vectorized"] / med["sequential"],
                 "vectorized / central B": med["vectorized"] / med["central B"],
+                "vectorized / central B CL": med["vectorized"] / med["central B CL"],
                 "vectorized / central KB (bound)": med["vectorized"] / med["central KB"],
                 "sequential / central B": med["sequential"] / med["central B"],
                 "raw": rates,
@@ -100,8 +107,9 @@ def main() -> None:
             rows.append(row)
             print(
                 f"{model:10s} B={bsz:<3d} seq {med['sequential']:7.0f}  vec {med['vectorized']:7.0f}  "
-                f"central B {med['central B']:7.0f}  central KB {med['central KB']:7.0f} samples/s | "
-                f"vec/seq {row['vectorized / sequential']:.2f}x  vec/central {row['vectorized / central B']:.2f}x  "
+                f"central B {med['central B']:7.0f} (CL {med['central B CL']:7.0f})  central KB {med['central KB']:7.0f} samples/s | "
+                f"vec/seq {row['vectorized / sequential']:.2f}x  vec/central {row['vectorized / central B']:.2f}x "
+                f"(CL {row['vectorized / central B CL']:.2f}x)  "
                 f"vec/bound {row['vectorized / central KB (bound)']:.2f}", flush=True,
             )
     write_result(args.out, {"benchmark": "executors", "args": vars(args), "rows": rows, "machine": machine()})

@@ -29,7 +29,7 @@ from fednorm.data.transforms import random_crop_flip  # noqa: E402
 from fednorm.engine.simulator import Simulation  # noqa: E402
 
 
-def centralized(sim: Simulation, num_samples: int, batch_size: int, lr: float, seed: int) -> int:
+def centralized(sim: Simulation, num_samples: int, batch_size: int, lr: float, seed: int, channels_last: bool = False) -> int:
     """Plain PyTorch: the same model and augmentation on the whole training set."""
     model = sim.model
     model.load_state_dict(sim.global_state)
@@ -42,6 +42,8 @@ def centralized(sim: Simulation, num_samples: int, batch_size: int, lr: float, s
     for s in range(steps):
         idx = perm[(s * batch_size) % len(x) : (s * batch_size) % len(x) + batch_size]
         xb = random_crop_flip(x.index_select(0, idx), padding=4, generator=g)
+        if channels_last:
+            xb = xb.contiguous(memory_format=torch.channels_last)
         loss = F.cross_entropy(model(xb), y.index_select(0, idx))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -71,25 +73,32 @@ def main() -> None:
     )
     print(f"building {cfg.num_clients} clients of CIFAR-10 ...", flush=True)
     sim = Simulation(cfg)
-    fed_rates, cen_rates, round_seconds, samples = [], [], [], []
+    fed_rates, cen_rates, cl_rates, round_seconds, samples = [], [], [], [], []
     for rep in range(args.repeats):
         t_fed, record = timed(sim.step)
         n = sim.executor.last_samples_seen
         t_cen, n_cen = timed(lambda: centralized(sim, n, args.batch_size, cfg.lr, rep))
+        t_cl, n_cl = timed(lambda: centralized(sim, n, args.batch_size, cfg.lr, rep, channels_last=True))
         fed_rates.append(n / t_fed)
         cen_rates.append(n_cen / t_cen)
+        cl_rates.append(n_cl / t_cl)
         round_seconds.append(t_fed)
         samples.append(n)
         print(f"repeat {rep + 1}: round {record.server_round} with {n} samples in {t_fed:.2f}s "
-              f"({n / t_fed:.0f} samples/s); centralized {n_cen / t_cen:.0f} samples/s", flush=True)
-    fed, cen = median(fed_rates), median(cen_rates)
-    print(f"\nmedian over {args.repeats}: fednorm round {fed:.0f} samples/s, centralized {cen:.0f} samples/s, "
-          f"ratio {fed / cen:.3f}x; one round takes {median(round_seconds):.2f}s")
+              f"({n / t_fed:.0f} samples/s); centralized {n_cen / t_cen:.0f} samples/s "
+              f"(channels-last {n_cl / t_cl:.0f})", flush=True)
+    fed, cen, cl = median(fed_rates), median(cen_rates), median(cl_rates)
+    print(f"\nmedian over {args.repeats}: fednorm round ({sim.executor.name}) {fed:.0f} samples/s, centralized {cen:.0f} "
+          f"samples/s (channels-last {cl:.0f}); ratio {fed / cen:.3f}x ({fed / cl:.3f}x vs channels-last); "
+          f"one round takes {median(round_seconds):.2f}s")
     write_result(args.out, {
         "benchmark": "round_vs_centralized",
         "config": cfg.model_dump(mode="json"),
         "fednorm_samples_per_s": fed_rates,
         "centralized_samples_per_s": cen_rates,
+        "centralized_channels_last_samples_per_s": cl_rates,
+        "executor": sim.executor.name,
+        "ratio_vs_channels_last": fed / cl,
         "round_seconds": round_seconds,
         "samples_per_round": samples,
         "ratio_median": fed / cen,

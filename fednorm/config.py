@@ -96,6 +96,9 @@ class ExperimentConfig(BaseModel):
     )
     max_parallel_clients: int = Field(64, ge=1, description="most clients trained together by the vectorized executor")
     device: str = Field("cpu", description="torch device")
+    channels_last: bool = Field(
+        True, description="feed convolutional models channels-last batches (faster pooling and convolution on CPU)"
+    )
     dtype: Literal["float32", "float64"] = Field("float32", description="parameter dtype (float64 for exactness checks)")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (default: torch's choice)")
 

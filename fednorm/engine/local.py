@@ -35,6 +35,7 @@ class LocalSpec:
     dsgd: bool = False
     augment: bool = False
     crop_padding: int = 4
+    channels_last: bool = False
 
 
 @dataclass
@@ -150,6 +151,8 @@ def train_local(
         yb = y.index_select(0, batch)
         if spec.augment:
             xb = random_crop_flip(xb, padding=spec.crop_padding, generator=generator)
+        if spec.channels_last and xb.dim() == 4:
+            xb = xb.contiguous(memory_format=torch.channels_last)
         loss = F.cross_entropy(model(xb), yb)
         if not torch.isfinite(loss):
             raise DivergenceError(f"non-finite training loss ({loss.item()}) at {where or 'local training'}, step {result.steps + 1}")

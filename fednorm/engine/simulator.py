@@ -144,6 +144,7 @@ class Simulation:
             dsgd=config.dsgd,
             augment=self.data.augment,
             crop_padding=info.crop_padding,
+            channels_last=config.channels_last and any(isinstance(m, nn.Conv2d) for m in self.model.modules()),
         )
         self.executor_note = ""
         self.executor = self._make_executor()

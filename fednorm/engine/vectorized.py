@@ -138,8 +138,11 @@ class VectorizedExecutor(Executor):
                     tensor.copy_(torch.stack([loc[key] for loc in locals_]))
                 else:
                     tensor.copy_(global_state[key].unsqueeze(0).expand_as(tensor))
-        params = {n: p for n, p in net.named_parameters() if n in self._trainable}
-        buffers = dict(net.named_buffers())
+        # The chunk's tensors: rows = clients. ``cur`` is the working set (all clients at first,
+        # then only those that still have batches), so finished clients cost nothing.
+        full_params = {n: p for n, p in net.named_parameters() if n in self._trainable}
+        full_buffers = dict(net.named_buffers())
+        frozen = {n: p for n, p in net.named_parameters() if n not in self._trainable}
 
         # Each client's batches and augmentation come from its own stream, as in the sequential executor.
         gens = [torch_generator(self.seed, "batches", server_round, c) for c in client_ids]
@@ -152,69 +155,105 @@ class VectorizedExecutor(Executor):
         ]
         torch.manual_seed(derive_seed(self.seed, "module-rng-vectorized", server_round, client_ids[0]))
 
-        momentum: dict[str, torch.Tensor | None] = {n: None for n in params}
-        started = torch.zeros(k, dtype=torch.bool)
+        full_momentum: dict[str, torch.Tensor | None] = {n: None for n in full_params}
+        full_started = torch.zeros(k, dtype=torch.bool)
         if spec.dsgd:
-            for n, p in params.items():
+            for n, p in full_params.items():
                 saved = [loc.get(MOMENTUM_PREFIX + n) for loc in locals_]
-                if any(s is not None for s in saved):
-                    momentum[n] = torch.stack([s if s is not None else torch.zeros_like(p[0]) for s in saved])
-            started = torch.tensor([any(MOMENTUM_PREFIX + n in loc for n in params) for loc in locals_])
+                if any(v is not None for v in saved):
+                    full_momentum[n] = torch.stack([v if v is not None else torch.zeros_like(p[0]) for v in saved])
+            full_started = torch.tensor([any(MOMENTUM_PREFIX + n in loc for n in full_params) for loc in locals_])
+
+        rows = list(range(k))  # chunk positions of the working set
+        params, buffers, momentum, started = full_params, full_buffers, dict(full_momentum), full_started.clone()
+        on_net = True  # the working tensors are the stacked model's own
+
+        def write_back() -> None:
+            """Store the working set's tensors into the chunk's rows."""
+            idx = torch.tensor(rows)
+            with torch.no_grad():
+                if not on_net:
+                    for n, p in params.items():
+                        full_params[n].index_copy_(0, idx, p.detach())
+                    for n, b_ in buffers.items():
+                        full_buffers[n].index_copy_(0, idx, b_)
+                for n, m in momentum.items():
+                    if m is not None:
+                        if full_momentum[n] is None:
+                            full_momentum[n] = torch.zeros_like(full_params[n])
+                        full_momentum[n].index_copy_(0, idx, m)
+                full_started[idx] = started
 
         loss_sum = torch.zeros(k, dtype=torch.float64)
-        seen = torch.zeros(k, dtype=torch.int64)
-        steps = torch.zeros(k, dtype=torch.int64)
+        seen = [0] * k
+        steps = [0] * k
         num_steps_max = max((len(p) for p in plans), default=0)
         for t in range(num_steps_max):
-            groups: dict[int, list[int]] = defaultdict(list)
-            for i, plan in enumerate(plans):
-                if t < len(plan):
-                    groups[len(plan[t])].append(i)
-            active = torch.zeros(k, dtype=torch.bool)
+            active = [i for i in rows if t < len(plans[i])]
+            if active != rows:  # some clients ran out of batches: shrink the working set
+                write_back()
+                rows = active
+                idx = torch.tensor(rows)
+                params = {n: p.detach().index_select(0, idx).requires_grad_(True) for n, p in full_params.items()}
+                buffers = {n: b_.index_select(0, idx) for n, b_ in full_buffers.items()}
+                momentum = {n: None if m is None else m.index_select(0, idx) for n, m in full_momentum.items()}
+                started = full_started.index_select(0, idx)
+                on_net = False
+            frozen_now = frozen if on_net else {n: f.detach().index_select(0, torch.tensor(rows)) for n, f in frozen.items()}
+            kw = len(rows)
+            groups: dict[int, list[int]] = defaultdict(list)  # batch size -> positions in the working set
+            for j, i in enumerate(rows):
+                groups[len(plans[i][t])].append(j)
             for p in params.values():
                 p.grad = None
             total = None
             for bsz, members in groups.items():
-                x, y = self._gather(members, plans, indices, gens, t)
-                if len(members) == k:
-                    logits = net(x)
+                x, y = self._gather([rows[j] for j in members], plans, indices, gens, t)
+                if len(members) == kw:
+                    logits = net(x) if on_net else functional_call(net, {**params, **buffers, **frozen_now}, (x,))
                 else:
-                    logits = self._subset_forward(net, params, buffers, members, x)
+                    logits = self._subset_forward(net, params, buffers, frozen_now, members, x)
                 kk = len(members)
                 losses = F.cross_entropy(
                     logits.reshape(bsz, kk, -1).transpose(0, 1).reshape(kk * bsz, -1), y, reduction="none"
                 ).view(kk, bsz).mean(dim=1)
                 if not torch.isfinite(losses).all():
-                    bad = members[int((~torch.isfinite(losses)).nonzero()[0])]
+                    bad = rows[members[int((~torch.isfinite(losses)).nonzero()[0])]]
                     raise DivergenceError(
                         f"non-finite training loss at round {server_round}, client {client_ids[bad]}, "
                         f"method {method.name}, step {t + 1}"
                     )
-                idx = torch.tensor(members)
-                loss_sum[idx] += losses.detach().double() * bsz
-                seen[idx] += bsz
-                steps[idx] += 1
-                active[idx] = True
+                chunk_rows = [rows[j] for j in members]
+                weighted = losses.detach().double() * bsz
+                if kk == k:
+                    loss_sum += weighted
+                else:
+                    loss_sum.index_add_(0, torch.tensor(chunk_rows), weighted)
+                for i in chunk_rows:
+                    seen[i] += bsz
+                    steps[i] += 1
                 total = losses.sum() if total is None else total + losses.sum()
             total.backward()  # type: ignore[union-attr]
-            self._sgd_step(params, momentum, started, active, lr)
-            started |= active
+            self._sgd_step(params, momentum, started, list(range(kw)), lr)
+            started[:] = True
+        write_back()
 
-        self.last_samples_seen += int(seen.sum())
+        seen_t = torch.tensor(seen, dtype=torch.int64)
+        self.last_samples_seen += int(seen_t.sum())
         state = {key: t.detach() for key, t in net.state_dict().items()}
         for i, cid in enumerate(client_ids):
             keep = locals_[i]
             keep.update({key: state[key][i] for key in method.local_keys})
             if spec.dsgd:
-                keep.update({MOMENTUM_PREFIX + n: m[i] for n, m in momentum.items() if m is not None})
+                keep.update({MOMENTUM_PREFIX + n: m[i] for n, m in full_momentum.items() if m is not None})
             if keep:
                 self.bank.put(cid, keep)
         return ClientUpdates(
             client_ids=list(client_ids),
             states={key: state[key].clone() for key in method.shared_keys},
             num_examples=torch.tensor(sizes, dtype=torch.float64),
-            train_loss=torch.where(seen > 0, loss_sum / seen.clamp(min=1), torch.full_like(loss_sum, float("nan"))),
-            num_steps=steps,
+            train_loss=torch.where(seen_t > 0, loss_sum / seen_t.clamp(min=1), torch.full_like(loss_sum, float("nan"))),
+            num_steps=torch.tensor(steps, dtype=torch.int64),
         )
 
     def _gather(self, members, plans, indices, gens, t):
@@ -227,26 +266,33 @@ class VectorizedExecutor(Executor):
             top, left, flip = (torch.cat(parts) for parts in zip(*draws))
             x = apply_crop_flip(x, top, left, flip, padding=spec.crop_padding)
         bsz = len(plans[members[0]][t])
-        return to_client_layout(x.view(len(members), bsz, *x.shape[1:])), y
+        x = to_client_layout(x.view(len(members), bsz, *x.shape[1:]))
+        if spec.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y
 
     @staticmethod
-    def _subset_forward(net, params, buffers, members, x):
-        """Forward of a subset of the stacked clients; BN statistics are written back to the full buffers."""
+    def _subset_forward(net, params, buffers, frozen, members, x):
+        """Forward of some rows of the working set (a step where batch sizes differ).
+
+        Parameters are gathered differentiably, so gradients land in the working tensors;
+        BatchNorm statistics updated on the gathered copies are written back.
+        """
         idx = torch.tensor(members)
         sub = {n: p.index_select(0, idx) for n, p in params.items()}
         sub_buffers = {n: b.index_select(0, idx) for n, b in buffers.items()}
-        frozen = {n: p.detach().index_select(0, idx) for n, p in net.named_parameters() if n not in params}
-        out = functional_call(net, {**sub, **frozen, **sub_buffers}, (x,))
+        sub_frozen = {n: f.index_select(0, idx) for n, f in frozen.items()}
+        out = functional_call(net, {**sub, **sub_frozen, **sub_buffers}, (x,))
         with torch.no_grad():
             for n, b in sub_buffers.items():
                 buffers[n].index_copy_(0, idx, b)
         return out
 
     @torch.no_grad()
-    def _sgd_step(self, params, momentum, started, active, lr):
-        """``torch.optim.SGD`` (or DSGD's dampened momentum) for the active clients only."""
+    def _sgd_step(self, params, momentum, started, stepped: list[int], lr: float) -> None:
+        """``torch.optim.SGD`` (or DSGD's dampened momentum) for the clients in ``stepped`` only."""
         spec = self.spec
-        k = len(active)
+        k = len(started)
         if spec.max_grad_norm is not None:
             norms = torch.stack([
                 torch.linalg.vector_norm(p.grad.reshape(k, -1), dim=1) if p.grad is not None else torch.zeros(k, dtype=p.dtype)
@@ -257,13 +303,36 @@ class VectorizedExecutor(Executor):
             for p in params.values():
                 if p.grad is not None:
                     p.grad.mul_(coef.view(k, *([1] * (p.dim() - 1))).to(p.dtype))
+        beta = spec.momentum
+        if len(stepped) == k and (started.all() or not started.any()):
+            # Fast path: every client steps and all are at the same point of the momentum recursion.
+            first = not bool(started.any())
+            for name, p in params.items():
+                g = p.grad if p.grad is not None else torch.zeros_like(p)
+                if spec.weight_decay:
+                    g = g.add(p, alpha=spec.weight_decay)
+                if spec.dsgd:
+                    prev = momentum[name]
+                    m = g.clone() if beta == 0 else ((1 - beta) * g if first or prev is None else beta * prev + (1 - beta) * g)
+                    momentum[name] = m
+                    g = m
+                elif beta:
+                    prev = momentum[name]
+                    if first or prev is None:
+                        momentum[name] = g = g.clone()
+                    else:
+                        g = prev.mul_(beta).add_(g)
+                p.add_(g, alpha=-lr)
+            return
+        rows = torch.tensor(stepped)
+        active = torch.zeros(k, dtype=torch.bool)
+        active[rows] = True
         for name, p in params.items():
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             shape = (k, *([1] * (p.dim() - 1)))
             mask = active.view(shape)
             if spec.weight_decay:
                 g = g.add(p, alpha=spec.weight_decay)
-            beta = spec.momentum
             if spec.dsgd:
                 prev = momentum[name]
                 first = (~started).view(shape)
@@ -277,7 +346,7 @@ class VectorizedExecutor(Executor):
                 if prev is None:
                     new_m = g.clone()
                 else:
-                    new_m = torch.where((~started).view(shape), g, prev.mul(beta).add_(g))
+                    new_m = torch.where((~started).view(shape), g, prev * beta + g)
                 momentum[name] = new_m if prev is None else torch.where(mask, new_m, prev)
                 step = momentum[name]
             else:
