@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .comm import ClientComm
+
 __all__ = [
     "NotStackableError",
     "StackedConv2d",
@@ -41,6 +43,7 @@ __all__ = [
     "StackedGroupNorm",
     "ClientPadShortcut",
     "stack_model",
+    "set_client_comm",
     "to_client_layout",
     "from_client_layout",
 ]
@@ -60,6 +63,15 @@ def from_client_layout(y: torch.Tensor, num_clients: int) -> torch.Tensor:
     """``[B, K·C, ...]`` -> ``[K, B, C, ...]``."""
     b = y.shape[0]
     return y.reshape(b, num_clients, -1, *y.shape[2:]).transpose(0, 1)
+
+
+def set_client_comm(model: nn.Module, comm: ClientComm | None) -> nn.Module:
+    """Make every :class:`StackedBatchNorm` of a stacked model normalise with statistics pooled
+    over clients through ``comm`` (FedTAN's synchronised step), or with ``None`` per client again."""
+    for m in model.modules():
+        if isinstance(m, StackedBatchNorm):
+            m.comm = comm
+    return model
 
 
 def _repeat(t: torch.Tensor | None, k: int) -> torch.Tensor | None:
@@ -113,7 +125,16 @@ class StackedLinear(nn.Module):
 
 
 class StackedBatchNorm(nn.Module):
-    """K clients' BatchNorm: statistics per client and channel; buffers ``[K, C]``, counter ``[K]``."""
+    """K clients' BatchNorm: statistics per client and channel; buffers ``[K, C]``, counter ``[K]``.
+
+    With a :class:`~fednorm.nn.comm.ClientComm` in ``comm`` (see :func:`set_client_comm`), training
+    batches are instead normalised with statistics pooled over *all* clients: the count-weighted
+    mean, then the count-weighted variance around that mean, each one ``comm.sum`` over the
+    client axis — FedTAN's synchronised step (spec/001_fedtan.md §3.2). Every client's output is
+    then centralized BatchNorm on the union batch restricted to its rows, and autograd carries the
+    gradients of the pooled mean and variance back across clients (Algorithm 3). Each client's
+    running statistics are updated with the pooled batch statistics.
+    """
 
     def __init__(self, bn: nn.modules.batchnorm._BatchNorm, num_clients: int) -> None:
         super().__init__()
@@ -129,8 +150,40 @@ class StackedBatchNorm(nn.Module):
             self.register_buffer("num_batches_tracked", _repeat(bn.num_batches_tracked, num_clients))
         else:
             self.running_mean = self.running_var = self.num_batches_tracked = None
+        self.comm: ClientComm | None = None
+
+    def _synced(self, x: torch.Tensor) -> torch.Tensor:
+        b, kc = x.shape[:2]
+        c = self.num_features
+        k = kc // c
+        xv = x.reshape(b, k, c, *x.shape[2:])
+        dims = [0] + list(range(3, xv.dim()))
+        per_client = float(b * (xv[0, 0, 0].numel()))
+        counts = torch.full((k,), per_client, dtype=x.dtype, device=x.device)
+        total = self.comm.sum(counts)
+        p = (counts / total).unsqueeze(-1)  # [K, 1]
+        mean = self.comm.sum(p * xv.mean(dim=dims))  # [C], the union mean
+        shape = [1, 1, c] + [1] * (xv.dim() - 3)
+        var = self.comm.sum(p * ((xv - mean.view(shape)) ** 2).mean(dim=dims))  # [C], biased union variance
+        y = (xv - mean.view(shape)) * torch.rsqrt(var + self.eps).view(shape)
+        cshape = [1, k, c] + [1] * (xv.dim() - 3)
+        if self.weight is not None:
+            y = y * self.weight.view(cshape)
+        if self.bias is not None:
+            y = y + self.bias.view(cshape)
+        if self.running_mean is not None:
+            with torch.no_grad():
+                n = float(total)
+                unbiased = var.detach() * (n / max(n - 1.0, 1.0))
+                self.running_mean.mul_(1 - self.momentum).add_(self.momentum * mean.detach())
+                self.running_var.mul_(1 - self.momentum).add_(self.momentum * unbiased)
+        return y.reshape(x.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.comm is not None:
+            if self.num_batches_tracked is not None:
+                self.num_batches_tracked.add_(1)
+            return self._synced(x)
         use_batch = self.training or self.running_mean is None
         if self.training and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)

@@ -93,3 +93,41 @@ class WithOwnParameter(nn.Module):
 def test_modules_with_unknown_tensors_are_refused():
     with pytest.raises(NotStackableError, match="WithOwnParameter"):
         stack_model(nn.Sequential(nn.Flatten(), WithOwnParameter()), 2, example_input=torch.randn(2, 3))
+
+
+def test_synced_stacked_bn_gives_centralized_forward_and_gradient_on_the_union_batch():
+    """FedTAN's synchronised step in the client layout: per-client outputs equal centralized BN on the
+    union batch, and the clients' gradients summed (p-weighted losses) equal the centralized gradient."""
+    from fednorm.nn.comm import LocalClientComm
+    from fednorm.nn.stacked import set_client_comm
+
+    torch.manual_seed(0)
+    model = get_model("simple_cnn", num_classes=10, in_channels=1, input_size=8, norm="bn").double()
+    k, b = 3, 5
+    x = torch.randn(k, b, 1, 8, 8, dtype=torch.float64) * torch.tensor([1.0, 2.0, 3.0]).view(k, 1, 1, 1, 1).double()
+    y = torch.randint(0, 10, (k, b))
+    stacked = stack_model(model, k, example_input=x[0])
+    comm = LocalClientComm()
+    set_client_comm(stacked, comm)
+    stacked.train()
+    out = from_client_layout(stacked(to_client_layout(x)), k)  # [K, B, classes]
+    p = 1.0 / k  # equal batch sizes
+    loss = sum(p * torch.nn.functional.cross_entropy(out[i], y[i]) for i in range(k))
+    loss.backward()
+
+    central = get_model("simple_cnn", num_classes=10, in_channels=1, input_size=8, norm="bn").double()
+    central.load_state_dict(model.state_dict())
+    central.train()
+    out_c = central(x.reshape(k * b, 1, 8, 8))
+    torch.testing.assert_close(out.reshape(k * b, -1), out_c, rtol=1e-11, atol=1e-12)
+    torch.nn.functional.cross_entropy(out_c, y.reshape(-1)).backward()
+    sp = dict(stacked.named_parameters())
+    for name, param in central.named_parameters():
+        torch.testing.assert_close(sp[name].grad.sum(0), param.grad, rtol=1e-9, atol=1e-12, msg=lambda m: f"{name}: {m}")
+    assert comm.num_reductions == 3 * 3  # three BN layers: count, mean, variance
+    # every client's running statistics followed the pooled (union) statistics
+    buffers = dict(stacked.named_buffers())
+    for name, buf in central.named_buffers():
+        if buf.is_floating_point():
+            for i in range(k):
+                torch.testing.assert_close(buffers[name][i], buf, rtol=1e-10, atol=1e-12)
