@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -52,3 +53,26 @@ def write_result(path: str | Path, result: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"result written to {path}")
+
+
+def train_centralized(model, x, y, batches, *, lr: float, generator: torch.Generator, augment: bool,
+                      channels_last: bool = False) -> int:
+    """Plain PyTorch: SGD (momentum 0.9) over ``batches`` (index tensors into ``x``), the same
+    augmentation as fednorm; optionally channels-last batches. Returns the samples trained."""
+    from fednorm.data.transforms import random_crop_flip
+
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    seen = 0
+    for idx in batches:
+        xb = x.index_select(0, idx)
+        if augment:
+            xb = random_crop_flip(xb, padding=4, generator=generator)
+        if channels_last:
+            xb = xb.contiguous(memory_format=torch.channels_last)
+        loss = F.cross_entropy(model(xb), y.index_select(0, idx))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        seen += len(idx)
+    return seen

@@ -21,36 +21,21 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, machine, median, timed, write_result  # noqa: E402
+from _common import data_dir, machine, median, timed, train_centralized, write_result  # noqa: E402
 
 from fednorm.config import ExperimentConfig  # noqa: E402
-from fednorm.data.transforms import random_crop_flip  # noqa: E402
 from fednorm.engine.simulator import Simulation  # noqa: E402
 
 
 def central(sim: Simulation, batch: int, steps: int, seed: int, channels_last: bool = False) -> int:
-    """Plain PyTorch at ``batch`` (optionally with channels-last batches, as fednorm feeds them)."""
-    model = sim.model
-    model.load_state_dict(sim.global_state)
-    model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = sim.data.train_x, sim.data.train_y
+    """Plain PyTorch at ``batch`` on random samples (optionally channels-last batches, as fednorm feeds them)."""
+    sim.model.load_state_dict(sim.global_state)
     g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        idx = torch.randint(0, len(x), (batch,), generator=g)
-        xb = x.index_select(0, idx)
-        if sim.data.augment:
-            xb = random_crop_flip(xb, padding=4, generator=g)
-        if channels_last:
-            xb = xb.contiguous(memory_format=torch.channels_last)
-        loss = F.cross_entropy(model(xb), y.index_select(0, idx))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return steps * batch
+    batches = [torch.randint(0, len(sim.data.train_x), (batch,), generator=g) for _ in range(steps)]
+    return train_centralized(sim.model, sim.data.train_x, sim.data.train_y, batches, lr=0.01, generator=g,
+                             augment=sim.data.augment, channels_last=channels_last)
 
 
 def main() -> None:

@@ -19,36 +19,22 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, machine, median, timed, write_result  # noqa: E402
+from _common import data_dir, machine, median, timed, train_centralized, write_result  # noqa: E402
 
 from fednorm.config import ExperimentConfig  # noqa: E402
-from fednorm.data.transforms import random_crop_flip  # noqa: E402
 from fednorm.engine.simulator import Simulation  # noqa: E402
 
 
 def centralized(sim: Simulation, num_samples: int, batch_size: int, lr: float, seed: int, channels_last: bool = False) -> int:
-    """Plain PyTorch: the same model and augmentation on the whole training set."""
-    model = sim.model
-    model.load_state_dict(sim.global_state)
-    model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    x, y = sim.data.train_x, sim.data.train_y
+    """Plain PyTorch: the same model and augmentation, shuffled batches of the whole training set."""
+    sim.model.load_state_dict(sim.global_state)
     g = torch.Generator().manual_seed(seed)
-    steps = num_samples // batch_size
-    perm = torch.randperm(len(x), generator=g)
-    for s in range(steps):
-        idx = perm[(s * batch_size) % len(x) : (s * batch_size) % len(x) + batch_size]
-        xb = random_crop_flip(x.index_select(0, idx), padding=4, generator=g)
-        if channels_last:
-            xb = xb.contiguous(memory_format=torch.channels_last)
-        loss = F.cross_entropy(model(xb), y.index_select(0, idx))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return steps * batch_size
+    perm = torch.randperm(len(sim.data.train_x), generator=g)
+    batches = [perm[i * batch_size : (i + 1) * batch_size] for i in range(num_samples // batch_size)]
+    return train_centralized(sim.model, sim.data.train_x, sim.data.train_y, batches, lr=lr, generator=g,
+                             augment=True, channels_last=channels_last)
 
 
 def main() -> None:
@@ -61,7 +47,8 @@ def main() -> None:
     ap.add_argument("--norm", default="bn")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default="benchmarks/results/round_vs_centralized.json")
+    ap.add_argument("--executor", default="auto", choices=["auto", "sequential", "vectorized"])
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/round_vs_centralized_<executor>_b<B>.json")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -69,7 +56,7 @@ def main() -> None:
     cfg = ExperimentConfig(
         dataset="cifar10", data_dir=data_dir(args.data_dir), partition="dirichlet", alpha=0.6,
         num_clients=args.num_clients, clients_per_round=args.clients_per_round, model=args.model, norm=args.norm,
-        batch_size=args.batch_size, lr=0.01, momentum=0.9, rounds=10_000, eval_every=10_000,
+        batch_size=args.batch_size, lr=0.01, momentum=0.9, rounds=10_000, eval_every=10_000, executor=args.executor,
     )
     print(f"building {cfg.num_clients} clients of CIFAR-10 ...", flush=True)
     sim = Simulation(cfg)
@@ -91,7 +78,8 @@ def main() -> None:
     print(f"\nmedian over {args.repeats}: fednorm round ({sim.executor.name}) {fed:.0f} samples/s, centralized {cen:.0f} "
           f"samples/s (channels-last {cl:.0f}); ratio {fed / cen:.3f}x ({fed / cl:.3f}x vs channels-last); "
           f"one round takes {median(round_seconds):.2f}s")
-    write_result(args.out, {
+    out = args.out or f"benchmarks/results/round_vs_centralized_{sim.executor.name}_b{args.batch_size}.json"
+    write_result(out, {
         "benchmark": "round_vs_centralized",
         "config": cfg.model_dump(mode="json"),
         "fednorm_samples_per_s": fed_rates,

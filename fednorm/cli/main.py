@@ -222,23 +222,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_partition(args: argparse.Namespace) -> int:
-    from ..data.federated import build_federated_data
+    from ..data.federated import federated_data_from_config
     from ..data.partition import describe
 
     cfg = _config_from(args)
-    data = build_federated_data(
-        cfg.dataset,
-        num_clients=cfg.num_clients,
-        partition_name=cfg.partition,
-        seed=cfg.seed,
-        data_dir=cfg.data_dir,
-        download=cfg.download,
-        alpha=cfg.alpha,
-        classes_per_client=cfg.classes_per_client,
-        gamma=cfg.gamma,
-        min_size=cfg.min_size,
-        **cfg.partition_args,
-    )
+    data = federated_data_from_config(cfg)
     hist = data.histogram()
     print(f"{cfg.partition} partition of {cfg.dataset} over {cfg.num_clients} clients (seed {cfg.seed}):")
     print(describe(hist))

@@ -18,7 +18,7 @@ from ..errors import PartitionError
 from .datasets import DatasetInfo, dataset_to_tensors, load_dataset
 from .partition import label_histogram, partition, split_like
 
-__all__ = ["FederatedData", "build_federated_data", "cached_federated_data"]
+__all__ = ["FederatedData", "build_federated_data", "cached_federated_data", "federated_data_from_config"]
 
 
 @dataclass
@@ -121,3 +121,22 @@ def cached_federated_data(
     """:func:`build_federated_data`, memoised per process (for worker processes that serve many
     clients, e.g. Flower's simulation actors). Treat the result as read-only."""
     return _cached(dataset, num_clients, partition_name, seed, data_dir, tuple(sorted(partition_params.items())))
+
+
+def federated_data_from_config(config: object) -> FederatedData:
+    """:func:`build_federated_data` with the data and partition fields of an ``ExperimentConfig``."""
+    c = config
+    return build_federated_data(
+        c.dataset,  # type: ignore[attr-defined]
+        num_clients=c.num_clients,  # type: ignore[attr-defined]
+        partition_name=c.partition,  # type: ignore[attr-defined]
+        seed=c.seed,  # type: ignore[attr-defined]
+        data_dir=c.data_dir,  # type: ignore[attr-defined]
+        download=c.download,  # type: ignore[attr-defined]
+        augment=getattr(c, "augment", None),
+        alpha=c.alpha,  # type: ignore[attr-defined]
+        classes_per_client=c.classes_per_client,  # type: ignore[attr-defined]
+        gamma=c.gamma,  # type: ignore[attr-defined]
+        min_size=c.min_size,  # type: ignore[attr-defined]
+        **c.partition_args,  # type: ignore[attr-defined]
+    )

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..config import ExperimentConfig
-from ..data.federated import FederatedData, build_federated_data
+from ..data.federated import FederatedData, federated_data_from_config
 from ..errors import ConfigError, DivergenceError, RoundFailedError
 from ..methods import Method, get_method
 from ..models import get_model
@@ -89,20 +89,7 @@ class Simulation:
         self.device = torch.device(config.device)
         self.dtype = torch.float64 if config.dtype == "float64" else torch.float32
         if data is None:
-            data = build_federated_data(
-                config.dataset,
-                num_clients=config.num_clients,
-                partition_name=config.partition,
-                seed=config.seed,
-                data_dir=config.data_dir,
-                download=config.download,
-                augment=config.augment,
-                alpha=config.alpha,
-                classes_per_client=config.classes_per_client,
-                gamma=config.gamma,
-                min_size=config.min_size,
-                **config.partition_args,
-            )
+            data = federated_data_from_config(config)
         elif data.num_clients != config.num_clients:
             raise ConfigError(f"num_clients={config.num_clients} but the data has {data.num_clients} clients")
         self.data = data.to(self.device, self.dtype)
