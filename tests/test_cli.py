@@ -38,6 +38,8 @@ def test_cli_config_file_and_overrides(tmp_path, capsys):
         (["run", "--num-clients", "100000"], "num_clients=100000"),
         (["run", "--partition", "classes", "--classes-per-client", "11"], "classes_per_client"),
         (["run", "--model", "resnet-200"], "Unknown model"),
+        (["run", "--norm", "gn", "--norm-args", "{num_groups: 3}"], "must be divisible by num_groups"),
+        (["run", "--model-args", "{bogus: 1}"], "unexpected keyword argument 'bogus'"),
     ],
 )
 def test_cli_bad_input_gives_one_clear_error(argv, needle, capsys, tmp_path):

@@ -110,7 +110,8 @@ def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = (
             kwargs["type"] = _optional(ann) if optional else ann
             kwargs["metavar"] = ann.__name__.upper()
         default = field.default if field.default_factory is None else field.default_factory()
-        kwargs["help"] = f"{field.description} (default: {default})"
+        desc = field.description or ""
+        kwargs["help"] = desc if "(default" in desc else f"{desc} (default: {default})"
         group.add_argument("--" + name.replace("_", "-"), dest=name, **kwargs)
 
 

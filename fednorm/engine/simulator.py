@@ -108,7 +108,9 @@ class Simulation:
                 norm_args=config.norm_args,
                 **config.model_args,
             )
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
             raise ConfigError(
                 f"model '{config.model}' with norm '{config.norm}' rejected its options "
                 f"(model_args={config.model_args}, norm_args={config.norm_args}): {exc}"
