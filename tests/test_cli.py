@@ -64,3 +64,13 @@ def test_cli_list_and_partition(tmp_path, capsys):
         assert word in out
     assert main(["partition", "--partition", "classes", "--classes-per-client", "1", "--num-clients", "10", "--plot", str(tmp_path / "h.png")]) == 0
     assert (tmp_path / "h.png").exists()
+
+
+def test_hbn_norm_without_the_hbn_method_is_refused(capsys, tmp_path):
+    assert main(["run", "--norm", "hbn", "--rounds", "1", "--out", str(tmp_path / "h"), "--quiet"]) == 2
+    assert "only works under method 'hbn'" in capsys.readouterr().err
+
+
+def test_feature_norm_model_option_runs(tmp_path):
+    assert main(["run", "--model", "ln_cnn", "--norm", "none", "--model-args", "{feature_norm: true}", "--rounds", "1",
+                 "--num-clients", "2", "--out", str(tmp_path / "f"), "--quiet"]) == 0

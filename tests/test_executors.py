@@ -77,3 +77,18 @@ def test_auto_picks_vectorized_and_falls_back_with_a_note():
     assert sim.executor.name == "sequential" and "client_loss" in sim.summary()["executor_note"]
     with pytest.raises(ConfigError, match="vectorized"):
         Simulation(ExperimentConfig(dataset="digits", num_clients=3, rounds=1, method="_test_hooked", executor="vectorized"))
+
+
+def test_feature_norm_models_vectorized_equal_sequential():
+    seq, vec = _pair(model="simple_cnn", norm="none", model_args={"feature_norm": True}, rounds=1)
+    _assert_same(seq, vec, rounds=1)
+
+
+def test_hbn_layers_are_not_mistaken_for_plain_bn():
+    import torch
+
+    from fednorm.models import get_model
+    from fednorm.nn.stacked import NotStackableError, stack_model
+
+    with pytest.raises(NotStackableError, match="HybridBatchNorm2d"):
+        stack_model(get_model("simple_cnn", in_channels=1, input_size=8, norm="hbn"), 2, example_input=torch.randn(2, 1, 8, 8))

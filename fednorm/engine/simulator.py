@@ -118,6 +118,13 @@ class Simulation:
         self.model.to(device=self.device, dtype=self.dtype)
         self.method: Method = get_method(config.method, **config.method_args)
         self.method.setup(self.model)
+        for module in self.model.modules():
+            needed = getattr(module, "requires_method", None)
+            if needed is not None and self.method.name != needed:
+                raise ConfigError(
+                    f"norm '{config.norm}' ({type(module).__name__}) only works under method '{needed}', which "
+                    f"supplies its statistics; got method '{config.method}'"
+                )
         if self.method.requires_lockstep:
             raise ConfigError(f"method '{config.method}' needs a lockstep executor, which this build does not provide")
         self.global_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}

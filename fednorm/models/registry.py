@@ -33,6 +33,7 @@ def get_model(
     input_size: int | Sequence[int] = 32,
     norm: NormSpec = "bn",
     norm_args: dict[str, Any] | None = None,
+    feature_norm: bool = False,
     **kwargs: Any,
 ) -> nn.Module:
     """Build a registered model.
@@ -46,6 +47,8 @@ def get_model(
         norm: any norm specification accepted by ``get_norm_layer`` (default: ``"bn"``);
             ``"none"`` or ``None`` builds the model without normalization layers.
         norm_args: options of the norm (e.g. ``{"num_groups": 4}``).
+        feature_norm: wrap the model with the LN paper's feature normalization before the
+            head (``sqrt(d) * z / ||z||``; :func:`fednorm.nn.feature_norm.with_feature_norm`).
         **kwargs: model-specific options (``None`` values are dropped so that builder
             defaults apply).
 
@@ -58,7 +61,7 @@ def get_model(
     if "norm_layer" in kwargs:
         raise TypeError("get_model() takes norm=... and norm_args=...; do not pass norm_layer")
     norm_layer = get_norm_layer(norm, **(norm_args or {}))
-    return MODELS.build(
+    model = MODELS.build(
         name,
         num_classes=num_classes,
         in_channels=in_channels,
@@ -66,3 +69,8 @@ def get_model(
         norm_layer=norm_layer,
         **kwargs,
     )
+    if feature_norm:
+        from ..nn.feature_norm import with_feature_norm
+
+        model = with_feature_norm(model)
+    return model

@@ -10,6 +10,17 @@ from .comm import ClientComm, LocalClientComm
 from .functional import channel_stats, cross_client_batch_norm, pooled_stats
 from .norms import NORMS, convert_norm, get_norm_layer, is_batch_norm, list_norms, norm_modules, register_norm
 from .state import batch_norm_keys, floating_keys, state_keys
+from .hbn import (  # registers the "hbn" norm
+    HBNStats,
+    HybridBatchNorm,
+    HybridBatchNorm1d,
+    HybridBatchNorm2d,
+    collect_hbn_statistics,
+    convert_to_batchnorm,
+    convert_to_hybrid,
+    hybrid_batch_norm,
+)
+from .feature_norm import FeatureNorm, FeatureNormClassifier, feature_norm, with_feature_norm
 
 __all__ = [
     "ClientComm",
@@ -27,4 +38,16 @@ __all__ = [
     "batch_norm_keys",
     "floating_keys",
     "state_keys",
+    "HBNStats",
+    "HybridBatchNorm",
+    "HybridBatchNorm1d",
+    "HybridBatchNorm2d",
+    "collect_hbn_statistics",
+    "convert_to_batchnorm",
+    "convert_to_hybrid",
+    "hybrid_batch_norm",
+    "FeatureNorm",
+    "FeatureNormClassifier",
+    "feature_norm",
+    "with_feature_norm",
 ]

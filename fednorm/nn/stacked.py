@@ -239,6 +239,24 @@ class ClientPadShortcut(nn.Module):
         return y.reshape(b, -1, h, w)
 
 
+class ClientFeatureNorm(nn.Module):
+    """The LN paper's feature normalization applied to each client's features separately."""
+
+    def __init__(self, fn: nn.Module) -> None:
+        super().__init__()
+        self.inner = fn
+        self.num_features = fn.num_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from .feature_norm import feature_norm
+
+        b = x.shape[0]
+        if self.num_features is None:
+            raise NotStackableError("FeatureNorm needs num_features to be run per client")
+        y = feature_norm(x.reshape(b, -1, self.num_features), self.inner.eps, scale=self.inner.scale)
+        return y.reshape(b, -1)
+
+
 # Modules without tensors of their own that act per channel or element-wise.
 _PASSTHROUGH = (
     nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.ELU,
@@ -255,11 +273,25 @@ def _convert(module: nn.Module, k: int) -> nn.Module:
     if isinstance(module, nn.Linear):
         return StackedLinear(module, k)
     if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        if type(module) not in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm):
+            # A subclass (e.g. HBN) changes the forward; treating it as BN would be silently wrong.
+            raise NotStackableError(f"{type(module).__name__} has no stacked version yet")
         return StackedBatchNorm(module, k)
     if isinstance(module, nn.GroupNorm):
         return StackedGroupNorm(module, k)
     if isinstance(module, PadShortcut):
         return ClientPadShortcut(module)
+    from .feature_norm import FeatureNorm, FeatureNormClassifier
+
+    if isinstance(module, FeatureNorm):
+        return ClientFeatureNorm(module)
+    if isinstance(module, FeatureNormClassifier):
+        # The wrapper shares its wrapped model's children: convert those once, re-register them.
+        inner = _convert(module.model, k)
+        for name, child in inner.named_children():
+            setattr(module, name, child)
+        module.feature_norm = ClientFeatureNorm(module.feature_norm)
+        return module
     if isinstance(module, nn.Flatten) and module.start_dim != 1:
         raise NotStackableError(f"Flatten(start_dim={module.start_dim}) is not supported")
     own = list(module._parameters.values()) + list(module._buffers.values())
@@ -337,7 +369,12 @@ def _verify(model: nn.Module, stacked: nn.Module, k: int, x: torch.Tensor) -> No
     for training in (False, True):
         probe.load_state_dict(stacked_state)
         _train_without_dropout(probe, training)
-        out = from_client_layout(probe(to_client_layout(xs)), k)
+        try:
+            out = from_client_layout(probe(to_client_layout(xs)), k)
+        except (RuntimeError, ValueError) as exc:
+            if isinstance(exc, NotStackableError):
+                raise
+            raise NotStackableError(f"the stacked forward fails: {exc}") from None
         for i in range(k):
             ref_model = copy.deepcopy(base)
             ref_model.load_state_dict(client_states[i])

@@ -1,0 +1,454 @@
+"""Hybrid Batch Normalisation (HBN) layers: a learnable per-channel mix of batch and global statistics.
+
+HBN (Chen et al., ICML 2025, arXiv:2505.21877; spec/000_hbn.md) replaces each BatchNorm. In
+training mode it normalises a mini-batch with ``w·batch + (1−w)·global`` statistics, where the
+per-channel batch weight ``w = sigmoid(−alpha)`` is learnt per client and never communicated, and
+the global statistics (μ_g, σ_g², HBN Eq. 8) are frozen buffers that only the server sets. In
+evaluation mode only the global statistics are used, which is exactly BatchNorm's evaluation path
+with ``running_mean``/``running_var`` = ``(global_mean, global_var)``. This module holds the pure
+function :func:`hybrid_batch_norm`, the layers :class:`HybridBatchNorm1d`/:class:`HybridBatchNorm2d`
+(registered as the norm ``"hbn"``), the client-side statistics pass
+(:func:`collect_hbn_statistics`, HBN Eq. 7/15) and the converters to and from plain BatchNorm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterable, Iterator, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from .norms import register_norm
+
+__all__ = [
+    "hybrid_batch_norm",
+    "HybridBatchNorm",
+    "HybridBatchNorm1d",
+    "HybridBatchNorm2d",
+    "create_hybrid_batch_norm",
+    "HBNStats",
+    "hbn_modules",
+    "recording_hbn_statistics",
+    "collect_hbn_statistics",
+    "convert_to_hybrid",
+    "convert_to_batchnorm",
+]
+
+
+def _channel_view(t: torch.Tensor, dim: int) -> torch.Tensor:
+    return t.view([1, -1] + [1] * (dim - 2))
+
+
+def hybrid_batch_norm(
+    input: torch.Tensor,
+    global_mean: torch.Tensor,
+    global_var: torch.Tensor,
+    alpha: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    training: bool = False,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """Hybrid batch normalisation of ``input`` (HBN Eqs. 1, 9, 10; spec/000_hbn.md §1.3–1.4).
+
+    Training mode (Eqs. 1, 9, 10)::
+
+        μ_b, σ_b² = mean and *biased* variance of the batch over all dims but C   (Eq. 1)
+        w  = sigmoid(−alpha)                       # weight on the batch statistics
+        μ̂  = w·μ_b  + (1−w)·μ_g                   (Eq. 9)
+        σ̂² = w·σ_b² + (1−w)·σ_g²                  (Eq. 9; variances, not std devs, are mixed)
+        y  = (x − μ̂) / sqrt(σ̂² + ε) · weight + bias  (Eq. 10)
+
+    Gradients flow through μ_b and σ_b² (as in BN) and to ``alpha``; ``global_mean``/``global_var``
+    are treated as constants (they are frozen buffers in the layer). Evaluation mode normalises
+    with ``(global_mean, global_var)`` only and ignores ``alpha`` (§1.4), i.e. it is
+    ``F.batch_norm(input, global_mean, global_var, weight, bias, training=False, eps=eps)``.
+
+    [code≠paper] The released code uses ``sigmoid(+alpha)`` as the batch weight; fednorm follows the
+    paper (``sigmoid(−alpha)``). Both are identical at the initial value ``alpha = 0`` (50/50 mix);
+    only the sign of reported alphas differs (spec §5 row 1).
+
+    Args:
+        input: ``(N, C)``, ``(N, C, L)`` or ``(N, C, H, W)``.
+        global_mean: μ_g, ``[C]`` (HBN Eq. 8).
+        global_var: σ_g², ``[C]`` (HBN Eq. 8, Bessel-corrected by the server).
+        alpha: mixing logit, ``[C]``; only used in training mode.
+        weight, bias: affine γ, β, ``[C]`` (optional).
+        training: mix batch and global statistics (True) or use global statistics only (False).
+        eps: added to the variance (default: 1e-5, as in the code).
+
+    Returns:
+        A tensor of the shape of ``input``.
+    """
+    if not training:
+        return F.batch_norm(input, global_mean, global_var, weight, bias, False, 0.0, eps)
+    dims = [0] + list(range(2, input.dim()))
+    batch_mean = input.mean(dim=dims)
+    batch_var = input.var(dim=dims, unbiased=False)
+    w = torch.sigmoid(-alpha)
+    mean = w * batch_mean + (1 - w) * global_mean.detach()
+    var = w * batch_var + (1 - w) * global_var.detach()
+    d = input.dim()
+    y = (input - _channel_view(mean, d)) * _channel_view(torch.rsqrt(var + eps), d)
+    if weight is not None:
+        y = y * _channel_view(weight, d)
+    if bias is not None:
+        y = y + _channel_view(bias, d)
+    return y
+
+
+class HybridBatchNorm(_BatchNorm):
+    """Base class of the HBN layers (HBN Eqs. 8–10; spec/000_hbn.md §1.3–1.4).
+
+    Subclasses ``_BatchNorm`` so that ``isinstance(m, _BatchNorm)`` checks keep working and BN
+    checkpoints load: the BN buffers ``running_mean``/``running_var`` *are* HBN's global statistics
+    μ_g and σ_g² (Eq. 8), initialised to 0 and 1 as in the released code, and exposed as
+    :attr:`global_mean`/:attr:`global_var`. The extra parameter ``alpha`` (``[C]``, initialised to 0,
+    Algorithm 1) is the client-local mixing logit; :attr:`batch_weight` is ``sigmoid(−alpha)``.
+
+    HBN has **no momentum** ("discard the moving average momentum", §1.3): ``forward`` never
+    updates ``running_mean``/``running_var`` in either mode. The server computes them from the
+    clients' statistics (:func:`collect_hbn_statistics`, pooled with Eq. 8 and optionally the
+    EMA of Eq. 11) and writes them into the buffers.
+
+    Communication roles: ``alpha`` stays on the client (:attr:`local_tensors`);
+    ``running_mean``/``running_var`` are statistics set by the server (:attr:`stat_buffers`);
+    ``weight``/``bias`` are averaged like any other parameter (§1.8).
+
+    Args:
+        num_features: number of channels C.
+        eps: added to the variance (default: 1e-5).
+        affine: learn γ and β (default: True).
+        device, dtype: factory arguments.
+    """
+
+    #: Tensors that never leave the client (HBN §1.8–1.9).
+    local_tensors: tuple[str, ...] = ("alpha",)
+    # The global statistics come from the HBN method's statistics pass; the simulator refuses
+    # other methods, under which they would stay at their (0, 1) initialisation.
+    requires_method: str = "hbn"
+    #: Buffers holding the global statistics μ_g, σ_g², set by the server (HBN Eq. 8, 11).
+    stat_buffers: tuple[str, ...] = ("running_mean", "running_var")
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        affine: bool = True,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        # momentum=None: HBN keeps no moving average; running stats are only set by the server.
+        super().__init__(num_features, eps, None, affine, True, device=device, dtype=dtype)
+        self.alpha = nn.Parameter(torch.zeros(num_features, device=device, dtype=dtype))  # α, Eq. 9
+
+    # ----------------------------------------------------------------------------------------
+    @property
+    def global_mean(self) -> torch.Tensor:
+        """μ_g (HBN Eq. 8): the ``running_mean`` buffer."""
+        return self.running_mean  # type: ignore[return-value]
+
+    @property
+    def global_var(self) -> torch.Tensor:
+        """σ_g² (HBN Eq. 8): the ``running_var`` buffer."""
+        return self.running_var  # type: ignore[return-value]
+
+    @property
+    def batch_weight(self) -> torch.Tensor:
+        """Per-channel weight on the batch statistics, ``sigmoid(−alpha)`` (paper convention)."""
+        return torch.sigmoid(-self.alpha)
+
+    def reset_parameters(self) -> None:
+        """Reset γ=1, β=0, μ_g=0, σ_g²=1 and alpha=0."""
+        super().reset_parameters()
+        alpha = getattr(self, "alpha", None)  # absent while _BatchNorm.__init__ runs
+        if alpha is not None:
+            with torch.no_grad():
+                alpha.zero_()
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, eps={self.eps}, affine={self.affine}"
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):  # type: ignore[no-untyped-def]
+        # A plain BN checkpoint has no alpha: keep the current value (0 after init) instead of
+        # failing a strict load, as _BatchNorm does for num_batches_tracked.
+        key = prefix + "alpha"
+        if key not in state_dict and self.alpha is not None:
+            state_dict[key] = self.alpha.detach().clone()
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)
+        return hybrid_batch_norm(
+            input,
+            self.running_mean,  # type: ignore[arg-type]
+            self.running_var,  # type: ignore[arg-type]
+            self.alpha,
+            self.weight,
+            self.bias,
+            self.training,
+            self.eps,
+        )
+
+
+class HybridBatchNorm1d(HybridBatchNorm):
+    """HBN for ``(N, C)`` or ``(N, C, L)`` inputs (spec/000_hbn.md §5 row 16; the code is 4-D only).
+
+    See :class:`HybridBatchNorm` and :func:`hybrid_batch_norm`.
+
+    Shape:
+        - Input: ``(N, C)`` or ``(N, C, L)``; Output: same shape.
+    """
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() not in (2, 3):
+            raise ValueError(f"expected 2D or 3D input (got {input.dim()}D input)")
+
+
+class HybridBatchNorm2d(HybridBatchNorm):
+    """HBN for ``(N, C, H, W)`` inputs (statistics over N×H×W, spec/000_hbn.md §1.1).
+
+    See :class:`HybridBatchNorm` and :func:`hybrid_batch_norm`.
+
+    Shape:
+        - Input: ``(N, C, H, W)``; Output: same shape.
+
+    Examples:
+        >>> layer = HybridBatchNorm2d(8)
+        >>> layer.batch_weight[:2]
+        tensor([0.5000, 0.5000], grad_fn=<SliceBackward0>)
+    """
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() != 4:
+            raise ValueError(f"expected 4D input (got {input.dim()}D input)")
+
+
+@register_norm("hbn")
+def create_hybrid_batch_norm(
+    num_features: int,
+    *,
+    spatial: bool = True,
+    eps: float = 1e-5,
+    affine: bool = True,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """Norm builder for HBN: ``HybridBatchNorm2d`` (``spatial=True``) or ``HybridBatchNorm1d``.
+
+    Args:
+        num_features: number of channels C.
+        spatial: maps ``(N, C, H, W)`` (True) or features ``(N, C)`` from a Linear layer (False).
+        eps, affine, device, dtype: as in :class:`HybridBatchNorm`.
+    """
+    cls = HybridBatchNorm2d if spatial else HybridBatchNorm1d
+    return cls(num_features, eps=eps, affine=affine, device=device, dtype=dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Client-side statistics pass (HBN Eq. 7 / 15; spec §1.5, §1.13)
+# --------------------------------------------------------------------------------------------
+
+
+class HBNStats(NamedTuple):
+    """Exact per-channel statistics of an HBN layer's input on one client (float64).
+
+    ``count`` is the number of values per channel (samples × H × W), so that
+    :func:`fednorm.nn.functional.pooled_stats` pools exactly; ``var`` is biased (1/count, Eq. 7).
+    """
+
+    count: torch.Tensor
+    mean: torch.Tensor
+    var: torch.Tensor
+
+
+class _Accumulator:
+    """Chan/Welford merge of ``(n, mean, M2)`` in float64 over batches (spec §1.13, §5 row 19)."""
+
+    def __init__(self) -> None:
+        self.n: torch.Tensor | None = None
+        self.mean: torch.Tensor | None = None
+        self.m2: torch.Tensor | None = None
+
+    def update(self, x: torch.Tensor) -> None:
+        x = x.detach().to(torch.float64)
+        dims = [0] + list(range(2, x.dim()))
+        nb = torch.tensor(float(x.numel() // x.shape[1]), dtype=torch.float64, device=x.device)
+        if nb == 0:
+            return
+        mb = x.mean(dim=dims)
+        m2b = ((x - _channel_view(mb, x.dim())) ** 2).sum(dim=dims)
+        if self.n is None:
+            self.n, self.mean, self.m2 = nb, mb, m2b
+            return
+        n = self.n + nb
+        delta = mb - self.mean
+        self.mean = self.mean + delta * (nb / n)
+        self.m2 = self.m2 + m2b + delta**2 * (self.n * nb / n)
+        self.n = n
+
+    def result(self) -> HBNStats:
+        if self.n is None:
+            raise ValueError("no batch reached this HBN layer; cannot compute its statistics")
+        return HBNStats(self.n, self.mean, self.m2 / self.n)  # type: ignore[operator,arg-type]
+
+
+def hbn_modules(model: nn.Module) -> list[tuple[str, HybridBatchNorm]]:
+    """``(qualified_name, layer)`` for every HBN layer of ``model``, selected by type."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, HybridBatchNorm)]
+
+
+@contextlib.contextmanager
+def recording_hbn_statistics(model: nn.Module) -> Iterator[dict[str, _Accumulator]]:
+    """Record the input of every HBN layer while the context is active.
+
+    Yields a dict ``{module_name: accumulator}``; call ``.result()`` on an accumulator for its
+    :class:`HBNStats`. Hooks are removed on exit. Nothing else is changed: HBN layers never update
+    their buffers in ``forward``.
+    """
+    accumulators: dict[str, _Accumulator] = {}
+    handles = []
+    for name, layer in hbn_modules(model):
+        acc = accumulators[name] = _Accumulator()
+        handles.append(layer.register_forward_pre_hook(lambda _m, args, acc=acc: acc.update(args[0])))
+    try:
+        yield accumulators
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def collect_hbn_statistics(
+    model: nn.Module, batches: Iterable[Any], *, train_mode: bool = True
+) -> dict[str, HBNStats]:
+    """Client statistics pass: exact ``(count, mean, biased var)`` of each HBN layer's input.
+
+    HBN Eq. 7 / 15 (spec/000_hbn.md §1.5): run before local training, under the downloaded global
+    weights, with no gradient. Statistics are merged exactly over all ``batches`` (Chan merge in
+    float64), fixing the released code's merge, which drops a term (§1.13, §5 row 19). The
+    results are what a client uploads; the server pools them with
+    ``pooled_stats(count, mean, var, unbiased=True)`` (Eq. 8).
+
+    The forward of earlier layers is not defined by the paper for deep nets (§5 row 4). By default
+    (``train_mode=True``) the model runs in training mode, so earlier HBN layers normalise with the
+    hybrid statistics as in the code; ``train_mode=False`` uses the global statistics only. The
+    model's training flags are restored afterwards. No parameter or HBN buffer changes; note that
+    plain BN layers, if any, would update their running statistics in training mode.
+
+    Args:
+        model: a model containing HBN layers.
+        batches: an iterable of input tensors, or of ``(input, target, ...)`` tuples/lists.
+        train_mode: run the pass in training mode (default: True, as in the code).
+
+    Returns:
+        ``{module_name: HBNStats(count, mean, var)}`` in float64; ``count`` is the number of
+        values per channel (samples × H × W). [code≠paper] Eq. 8's Bessel ``N − 1`` counts samples
+        in the code (§5 row 6); divide ``count`` by H×W for that variant (negligible difference).
+
+    Raises:
+        ValueError: if ``batches`` is empty or some HBN layer received no input.
+    """
+    flags = [(m, m.training) for m in model.modules()]
+    model.train(train_mode)
+    try:
+        with torch.no_grad(), recording_hbn_statistics(model) as accumulators:
+            seen = 0
+            for batch in batches:
+                x = batch[0] if isinstance(batch, (tuple, list)) else batch
+                model(x)
+                seen += 1
+        if seen == 0:
+            raise ValueError("collect_hbn_statistics: batches is empty; need at least one batch")
+        return {name: acc.result() for name, acc in accumulators.items()}
+    finally:
+        for m, flag in flags:
+            m.training = flag
+
+
+# --------------------------------------------------------------------------------------------
+# Converters (torch's convert_sync_batchnorm pattern)
+# --------------------------------------------------------------------------------------------
+
+
+def _reference(module: nn.Module) -> dict[str, Any]:
+    for t in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
+        if t.is_floating_point():
+            return {"device": t.device, "dtype": t.dtype}
+    return {}
+
+
+def _copy_bn_state(old: _BatchNorm, new: _BatchNorm) -> None:
+    with torch.no_grad():
+        if old.affine and new.affine:
+            new.weight.copy_(old.weight)  # type: ignore[union-attr]
+            new.bias.copy_(old.bias)  # type: ignore[union-attr]
+            new.weight.requires_grad_(old.weight.requires_grad)  # type: ignore[union-attr]
+            new.bias.requires_grad_(old.bias.requires_grad)  # type: ignore[union-attr]
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            src, dst = getattr(old, name, None), getattr(new, name, None)
+            if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+    new.train(old.training)
+
+
+def convert_to_hybrid(module: nn.Module) -> nn.Module:
+    """Replace every BatchNorm in ``module`` by HBN; mutates ``module`` in place (like torch).
+
+    Follows ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``: recurse over ``named_children``,
+    match ``isinstance(_BatchNorm)`` (existing HBN layers are kept), build from the old
+    ``num_features``/``eps``/``affine`` on the old device and dtype, copy ``weight``/``bias`` under
+    ``no_grad``, carry ``running_mean``/``running_var`` into the global statistics (μ_g, σ_g²), and
+    the ``training`` flag. ``alpha`` starts at 0. ``BatchNorm1d`` becomes :class:`HybridBatchNorm1d`;
+    every other BN (2d, ``SyncBatchNorm``) becomes :class:`HybridBatchNorm2d`.
+    A BN without running statistics (``track_running_stats=False``) gives μ_g = 0, σ_g² = 1.
+
+    Returns:
+        ``module``, or the new layer if ``module`` itself is a BatchNorm (use the return value).
+        Optimisers built before the call hold the old parameters.
+
+    Raises:
+        ValueError: for ``BatchNorm3d`` (HBN supports 2-D to 4-D inputs only).
+    """
+    if isinstance(module, _BatchNorm) and not isinstance(module, HybridBatchNorm):
+        if isinstance(module, nn.BatchNorm3d):
+            raise ValueError("convert_to_hybrid: BatchNorm3d is not supported (HBN takes 2D-4D inputs)")
+        cls = HybridBatchNorm1d if isinstance(module, nn.BatchNorm1d) else HybridBatchNorm2d
+        new = cls(module.num_features, eps=module.eps, affine=module.affine, **_reference(module))
+        _copy_bn_state(module, new)
+        return new
+    for name, child in module.named_children():
+        converted = convert_to_hybrid(child)
+        if converted is not child:
+            module.add_module(name, converted)
+    return module
+
+
+def convert_to_batchnorm(module: nn.Module, *, momentum: float | None = 0.1) -> nn.Module:
+    """Inverse of :func:`convert_to_hybrid`: export HBN layers as plain BN; mutates in place.
+
+    The exported model's evaluation output is identical: HBN's eval path is BN's with
+    ``running_mean``/``running_var`` = (μ_g, σ_g²). ``alpha`` (training-only, client-local) is
+    dropped. :class:`HybridBatchNorm1d` becomes ``nn.BatchNorm1d``, :class:`HybridBatchNorm2d`
+    ``nn.BatchNorm2d``.
+
+    Args:
+        module: a model or a single HBN layer.
+        momentum: of the new BN layers (default: 0.1, torch's).
+
+    Returns:
+        ``module``, or the new layer if ``module`` itself is an HBN layer.
+    """
+    if isinstance(module, HybridBatchNorm):
+        cls = nn.BatchNorm1d if isinstance(module, HybridBatchNorm1d) else nn.BatchNorm2d
+        new = cls(module.num_features, eps=module.eps, momentum=momentum, affine=module.affine, **_reference(module))
+        _copy_bn_state(module, new)
+        return new
+    for name, child in module.named_children():
+        converted = convert_to_batchnorm(child, momentum=momentum)
+        if converted is not child:
+            module.add_module(name, converted)
+    return module
