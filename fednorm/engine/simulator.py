@@ -337,14 +337,14 @@ class Simulation:
             yield self.step()
 
     # -- evaluation -------------------------------------------------------------------------
-    def client_model(self, client_id: int) -> nn.Module:
+    def client_model(self, client_id: int, state: dict[str, torch.Tensor] | None = None) -> nn.Module:
         """The working model loaded with ``client_id``'s model (global + its local tensors)."""
-        self.model.load_state_dict(self.executor.client_state(client_id, self.global_state))
+        self.model.load_state_dict(self.executor.client_state(client_id, self.global_state if state is None else state))
         return self.model
 
-    def global_model(self) -> nn.Module:
+    def global_model(self, state: dict[str, torch.Tensor] | None = None) -> nn.Module:
         """The working model loaded with the global state."""
-        self.model.load_state_dict(self.global_state)
+        self.model.load_state_dict(self.global_state if state is None else state)
         return self.model
 
     def evaluate(self) -> dict[str, Any]:
@@ -356,6 +356,7 @@ class Simulation:
         """
         data, bs = self.data, self.config.eval_batch_size
         start = time.perf_counter()
+        state = self.method.evaluation_state(self)
         client_acc: list[float | None] = []
         if self.method.personalized:
             correct = 0
@@ -366,7 +367,7 @@ class Simulation:
                 if len(ix) == 0:
                     client_acc.append(None)
                     continue
-                res = evaluate(self.client_model(cid), data.test_x[ix], data.test_y[ix], batch_size=bs)
+                res = evaluate(self.client_model(cid, state), data.test_x[ix], data.test_y[ix], batch_size=bs)
                 client_acc.append(res.accuracy)
                 correct += int(res.correct.sum())
                 total += res.num_samples
@@ -374,7 +375,7 @@ class Simulation:
             test_acc = correct / total if total else math.nan
             test_loss = loss_sum / total if total else math.nan
         else:
-            res = evaluate(self.global_model(), data.test_x, data.test_y, batch_size=bs)
+            res = evaluate(self.global_model(state), data.test_x, data.test_y, batch_size=bs)
             test_acc, test_loss = res.accuracy, res.loss
             for ix in data.client_test:
                 client_acc.append(float(res.correct[ix].double().mean()) if len(ix) else None)

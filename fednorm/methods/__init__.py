@@ -3,6 +3,7 @@
 from .base import ClientContext, ClientUpdates, Method, weighted_average
 from .fedavg import FedAvg
 from .fedbn import FedBN, SiloBN
+from .hbn import HBN
 from .registry import METHODS, get_method, list_methods, register_method
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "FedAvg",
     "FedBN",
     "SiloBN",
+    "HBN",
     "METHODS",
     "get_method",
     "list_methods",

@@ -194,6 +194,12 @@ class Method:
         weights = self.client_weights(updates)
         return {k: weighted_average(updates.states[k], weights) for k in self.shared_keys}
 
+    # -- evaluation -------------------------------------------------------------------------
+    def evaluation_state(self, sim: Any) -> dict[str, torch.Tensor]:
+        """The global state to evaluate (default: as aggregated). HBN recomputes its statistics
+        under the new weights here, as its paper evaluates."""
+        return sim.global_state
+
     # -- communication ----------------------------------------------------------------------
     def comm_rounds_per_round(self, model: nn.Module) -> int:
         """Synchronisation rounds per server round (FedAvg: one exchange)."""
