@@ -419,5 +419,6 @@ class Simulation:
             "executor": self.executor.name,
             "executor_note": self.executor_note,
             "method_summary": self.method.summary(),
+            "method_report": self.method.report(self),
             "dropped_clients": dict(self.dropped),
         }

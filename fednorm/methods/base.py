@@ -200,6 +200,10 @@ class Method:
         under the new weights here, as its paper evaluates."""
         return sim.global_state
 
+    def report(self, sim: Any) -> dict[str, Any]:
+        """Method-specific figures for ``summary.json`` (default: none)."""
+        return {}
+
     # -- communication ----------------------------------------------------------------------
     def comm_rounds_per_round(self, model: nn.Module) -> int:
         """Synchronisation rounds per server round (FedAvg: one exchange)."""

@@ -167,6 +167,22 @@ class HBN(FedAvg):
                 state[f"{name}.{key}"] = value.to(state[f"{name}.{key}"].dtype)
         return state
 
+    def report(self, sim: "Simulation") -> dict[str, Any]:
+        """Learned mixing per layer (the paper never reports it): the batch-statistics weight
+        ``sigmoid(-alpha)`` averaged over channels, as mean/min/max over the clients that trained."""
+        out: dict[str, Any] = {}
+        for name in self.layers:
+            key = f"{name}.alpha"
+            weights = [torch.sigmoid(-sim.bank.get(c)[key]).mean().item() for c in sim.bank if key in (sim.bank.get(c) or {})]
+            if weights:
+                out[name] = {
+                    "batch_weight_mean": sum(weights) / len(weights),
+                    "batch_weight_min": min(weights),
+                    "batch_weight_max": max(weights),
+                    "clients": len(weights),
+                }
+        return {"hbn_batch_weight": out}
+
     def hparams(self) -> dict[str, Any]:
         return {
             "stats_momentum": self.stats_momentum,

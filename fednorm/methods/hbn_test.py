@@ -84,3 +84,13 @@ def test_hbn_learns_and_needs_hbn_layers():
         _sim(norm="bn")
     with pytest.raises(ConfigError, match="stats_momentum"):
         _sim(method_args={"stats_momentum": 0})
+
+
+def test_learned_mixing_is_reported_per_layer():
+    sim = _sim(rounds=1)
+    sim.step()
+    report = sim.summary()["method_report"]["hbn_batch_weight"]
+    assert set(report) == set(sim.method.layers)
+    for layer in report.values():
+        assert 0 < layer["batch_weight_min"] <= layer["batch_weight_mean"] <= layer["batch_weight_max"] < 1
+        assert layer["clients"] == 4
