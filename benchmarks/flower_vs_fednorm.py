@@ -36,8 +36,6 @@ def _client_app():
 
     @app.train()
     def train(msg: Message, context) -> Message:  # runs in a Ray actor
-        import torch
-
         from fednorm.data.federated import cached_federated_data
         from fednorm.engine.local import LocalSpec, batch_plan, train_local
         from fednorm.engine.rng import torch_generator

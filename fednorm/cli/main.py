@@ -9,7 +9,6 @@ Bad input prints one clear message and exits with status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import types

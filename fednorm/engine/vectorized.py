@@ -20,7 +20,6 @@ per client), so models with dropout agree in distribution, not bit for bit.
 
 from __future__ import annotations
 
-import copy
 from collections import defaultdict
 
 import torch
@@ -41,11 +40,15 @@ from .rng import derive_seed, torch_generator
 __all__ = ["VectorizedExecutor", "vectorization_blockers"]
 
 
-def vectorization_blockers(method: Method, spec: LocalSpec) -> list[str]:
-    """Reasons why a method/settings combination cannot run vectorized (empty when it can)."""
+def vectorization_blockers(method: Method) -> list[str]:
+    """Reasons why a method cannot run vectorized (empty when it can).
+
+    Client-side hooks act on one client's model, which a stacked model does not have; a method
+    that overrides them runs on the sequential executor.
+    """
     reasons = []
     for hook in ("client_begin", "client_end", "client_loss"):
-        if getattr(type(method), hook) is not getattr(Method, hook) and not getattr(method, "vectorized_hooks", False):
+        if getattr(type(method), hook) is not getattr(Method, hook):
             reasons.append(f"method '{method.name}' overrides {hook}")
     if method.requires_lockstep:
         reasons.append(f"method '{method.name}' needs cross-client reductions, not yet wired into the executor")
@@ -79,7 +82,7 @@ class VectorizedExecutor(Executor):
         max_clients: int = 64,
         memory_budget: int = 2 << 30,
     ) -> None:
-        blockers = vectorization_blockers(method, spec)
+        blockers = vectorization_blockers(method)
         if blockers:
             raise NotStackableError("; ".join(blockers))
         self.model = model
