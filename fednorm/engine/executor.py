@@ -28,8 +28,23 @@ class Executor:
     """Shared by executors: where a client's state comes from."""
 
     name = "base"
-    method: Method
-    bank: ClientStateBank
+
+    def __init__(
+        self,
+        model: nn.Module,
+        method: Method,
+        data: FederatedData,
+        bank: ClientStateBank,
+        spec: LocalSpec,
+        seed: int,
+    ) -> None:
+        self.model = model
+        self.method = method
+        self.data = data
+        self.bank = bank
+        self.spec = spec
+        self.seed = seed
+        self.last_samples_seen = 0
 
     def client_local(self, client_id: int, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The client's persistent state: from the bank, or the method's initial state."""
@@ -51,23 +66,6 @@ class SequentialExecutor(Executor):
     """Trains clients one after another on a shared working model."""
 
     name = "sequential"
-
-    def __init__(
-        self,
-        model: nn.Module,
-        method: Method,
-        data: FederatedData,
-        bank: ClientStateBank,
-        spec: LocalSpec,
-        seed: int,
-    ) -> None:
-        self.model = model
-        self.method = method
-        self.data = data
-        self.bank = bank
-        self.spec = spec
-        self.seed = seed
-        self.last_samples_seen = 0
 
     def run_round(
         self, server_round: int, client_ids: list[int], global_state: dict[str, torch.Tensor], lr: float

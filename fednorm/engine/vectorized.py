@@ -85,16 +85,10 @@ class VectorizedExecutor(Executor):
         blockers = vectorization_blockers(method)
         if blockers:
             raise NotStackableError("; ".join(blockers))
-        self.model = model
-        self.method = method
-        self.data = data
-        self.bank = bank
-        self.spec = spec
-        self.seed = seed
+        super().__init__(model, method, data, bank, spec, seed)
         # Parameters, gradients and momentum of K clients live at once: cap K by a memory budget.
         model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         self.max_clients = max(1, min(max_clients, memory_budget // max(1, 4 * model_bytes)))
-        self.last_samples_seen = 0
         self._stacked: dict[int, nn.Module] = {}
         # Verify once with two clients: the check does not depend on K.
         example = data.train_x[: min(4, len(data.train_x))]
