@@ -125,8 +125,6 @@ class Simulation:
                     f"norm '{config.norm}' ({type(module).__name__}) only works under method '{needed}', which "
                     f"supplies its statistics; got method '{config.method}'"
                 )
-        if self.method.requires_lockstep:
-            raise ConfigError(f"method '{config.method}' needs a lockstep executor, which this build does not provide")
         self.global_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.bank = ClientStateBank(self.device)
         self.spec = LocalSpec(
@@ -158,11 +156,22 @@ class Simulation:
     def _make_executor(self) -> SequentialExecutor | VectorizedExecutor:
         cfg = self.config
         args = (self.model, self.method, self.data, self.bank, self.spec, cfg.seed)
+        lockstep = self.method.requires_lockstep
         if cfg.executor == "sequential":
+            if lockstep:
+                raise ConfigError(
+                    f"method '{cfg.method}' runs all clients of a round in lockstep, which needs executor "
+                    "'vectorized' (or 'auto'), not 'sequential'"
+                )
             return SequentialExecutor(*args)
         try:
             return VectorizedExecutor(*args, max_clients=cfg.max_parallel_clients)
         except NotStackableError as exc:
+            if lockstep:
+                raise ConfigError(
+                    f"method '{cfg.method}' runs all clients of a round in lockstep in a stacked model, "
+                    f"which this model does not allow: {exc}"
+                ) from None
             if cfg.executor == "vectorized":
                 raise ConfigError(f"executor 'vectorized' is not possible here: {exc}") from None
             self.executor_note = f"sequential because {exc}"
@@ -260,8 +269,11 @@ class Simulation:
             self.global_state[key] = value
         answered = len(updates) + sum(1 for e in events if e["kind"] in ("straggler", "deadline", "non_finite_update"))
         shared_bytes = tensor_bytes(self.global_state, self.method.shared_keys)
-        self.downlink_bytes += shared_bytes * len(clients)
-        self.uplink_bytes += (shared_bytes + sum(t[0].numel() * t.element_size() for t in updates.extras.values())) * answered
+        extra_up, extra_down = self.method.extra_bytes_per_client(self.model)
+        self.downlink_bytes += (shared_bytes + extra_down) * len(clients)
+        self.uplink_bytes += (
+            shared_bytes + extra_up + sum(t[0].numel() * t.element_size() for t in updates.extras.values())
+        ) * answered
         self.comm_rounds += self.method.comm_rounds_per_round(self.model)
         self.samples_trained += self.executor.last_samples_seen
         w = updates.num_examples

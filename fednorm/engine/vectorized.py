@@ -29,12 +29,14 @@ from torch.func import functional_call
 
 from ..data.federated import FederatedData
 from ..data.transforms import apply_crop_flip, draw_crop_flip
-from ..errors import DivergenceError
+from ..errors import ConfigError, DivergenceError
 from ..methods.base import ClientUpdates, Method
-from ..nn.stacked import NotStackableError, stack_model, to_client_layout
+from ..nn.comm import LocalClientComm
+from ..nn.stacked import NotStackableError, set_client_comm, set_frozen_statistics, stack_model, to_client_layout
 from .bank import ClientStateBank
 from .executor import MOMENTUM_PREFIX, Executor
 from .local import LocalSpec, batch_plan
+from .lockstep import scale_client_grads, synced_loss
 from .rng import derive_seed, torch_generator
 
 __all__ = ["VectorizedExecutor", "vectorization_blockers"]
@@ -50,8 +52,6 @@ def vectorization_blockers(method: Method) -> list[str]:
     for hook in ("client_begin", "client_end", "client_loss"):
         if getattr(type(method), hook) is not getattr(Method, hook):
             reasons.append(f"method '{method.name}' overrides {hook}")
-    if method.requires_lockstep:
-        reasons.append(f"method '{method.name}' needs cross-client reductions, not yet wired into the executor")
     return reasons
 
 
@@ -109,6 +109,11 @@ class VectorizedExecutor(Executor):
     ) -> ClientUpdates:
         parts = []
         self.last_samples_seen = 0
+        if self.method.requires_lockstep and len(client_ids) > self.max_clients:
+            raise ConfigError(
+                f"method '{self.method.name}' synchronises all {len(client_ids)} clients of a round in one "
+                f"stacked model, but at most {self.max_clients} fit (max_parallel_clients / memory budget)"
+            )
         for start in range(0, len(client_ids), self.max_clients):
             parts.append(self._run_chunk(server_round, client_ids[start : start + self.max_clients], global_state, lr))
         if len(parts) == 1:
@@ -185,7 +190,14 @@ class VectorizedExecutor(Executor):
         seen = [0] * k
         steps = [0] * k
         num_steps_max = max((len(p) for p in plans), default=0)
+        synced = method.synced_steps(server_round) if method.requires_lockstep else 0
+        set_frozen_statistics(net, method.frozen_statistics(server_round))
+        self.comm = LocalClientComm()
         for t in range(num_steps_max):
+            if t < synced:
+                set_client_comm(net, self.comm, backward=method.sync_backward(server_round))
+            elif t == synced and synced:
+                set_client_comm(net, None)
             active = [i for i in rows if t < len(plans[i])]
             if active != rows:  # some clients ran out of batches: shrink the working set
                 write_back()
@@ -203,6 +215,13 @@ class VectorizedExecutor(Executor):
                 groups[len(plans[i][t])].append(j)
             for p in params.values():
                 p.grad = None
+            if t < synced:
+                self._synced_step(net, params, buffers, frozen_now, rows, on_net, plans, indices, gens, t,
+                                  loss_sum, seen, steps, server_round, client_ids, lr, momentum, started)
+                if t == synced - 1 and method.reset_momentum_after_sync():
+                    momentum = {n: None for n in momentum}
+                    started[:] = False
+                continue
             total = None
             for bsz, members in groups.items():
                 x, y = self._gather([rows[j] for j in members], plans, indices, gens, t)
@@ -233,6 +252,8 @@ class VectorizedExecutor(Executor):
             total.backward()  # type: ignore[union-attr]
             self._sgd_step(params, momentum, started, list(range(kw)), lr)
             started[:] = True
+        set_client_comm(net, None)
+        set_frozen_statistics(net, False)
         write_back()
 
         seen_t = torch.tensor(seen, dtype=torch.int64)
@@ -253,7 +274,34 @@ class VectorizedExecutor(Executor):
             num_steps=torch.tensor(steps, dtype=torch.int64),
         )
 
-    def _gather(self, members, plans, indices, gens, t):
+    def _synced_step(self, net, params, buffers, frozen_now, rows, on_net, plans, indices, gens, t,
+                     loss_sum, seen, steps, server_round, client_ids, lr, momentum, started) -> None:
+        """One local step of the working set with BatchNorm synchronised across clients (see
+        :mod:`fednorm.engine.lockstep`); batch sizes may differ."""
+        batches = [self._gather_samples([i], plans, indices, gens, t) for i in rows]
+        xs = [x for x, _ in batches]
+        ys = [y for _, y in batches]
+        def forward(x):
+            return net(x) if on_net else functional_call(net, {**params, **buffers, **frozen_now}, (x,))
+        losses, total, p = synced_loss(forward, net, xs, ys, channels_last=self.spec.channels_last)
+        if not torch.isfinite(losses).all():
+            bad = rows[int((~torch.isfinite(losses)).nonzero()[0])]
+            raise DivergenceError(
+                f"non-finite training loss at round {server_round}, client {client_ids[bad]}, "
+                f"method {self.method.name}, step {t + 1}"
+            )
+        total.backward()
+        scale_client_grads(params, 1.0 / p)
+        for j, i in enumerate(rows):
+            loss_sum[i] += float(losses[j].detach()) * len(ys[j])
+            seen[i] += len(ys[j])
+            steps[i] += 1
+        self._sgd_step(params, momentum, started, list(range(len(rows))), lr)
+        started[:] = True
+
+    def _gather_samples(self, members, plans, indices, gens, t):
+        """The step-``t`` samples of clients ``members``, concatenated, augmented from each
+        client's own stream."""
         data, spec = self.data, self.spec
         rows = torch.cat([indices[i].index_select(0, plans[i][t]) for i in members])
         x = data.train_x.index_select(0, rows)
@@ -262,6 +310,11 @@ class VectorizedExecutor(Executor):
             draws = [draw_crop_flip(len(plans[i][t]), padding=spec.crop_padding, generator=gens[i], device=x.device) for i in members]
             top, left, flip = (torch.cat(parts) for parts in zip(*draws))
             x = apply_crop_flip(x, top, left, flip, padding=spec.crop_padding)
+        return x, y
+
+    def _gather(self, members, plans, indices, gens, t):
+        spec = self.spec
+        x, y = self._gather_samples(members, plans, indices, gens, t)
         bsz = len(plans[members[0]][t])
         x = to_client_layout(x.view(len(members), bsz, *x.shape[1:]))
         if spec.channels_last and x.dim() == 4:

@@ -3,6 +3,7 @@
 from .base import ClientContext, ClientUpdates, Method, weighted_average
 from .fedavg import FedAvg
 from .fedbn import FedBN, SiloBN
+from .fedtan import FedTAN, FedTANForward
 from .hbn import HBN
 from .registry import METHODS, get_method, list_methods, register_method
 
@@ -14,6 +15,8 @@ __all__ = [
     "FedAvg",
     "FedBN",
     "SiloBN",
+    "FedTAN",
+    "FedTANForward",
     "HBN",
     "METHODS",
     "get_method",

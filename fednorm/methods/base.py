@@ -138,7 +138,8 @@ class Method:
         name: registry key.
         personalized: evaluate each client with its own model (shared tensors + its local ones).
         requires_lockstep: needs all clients of a round to execute step by step together
-            (cross-client reductions inside the forward pass, e.g. FedTAN).
+            (cross-client reductions inside the forward pass, e.g. FedTAN); such a method runs
+            on the vectorized executor, all of a round's clients in one stacked model.
     """
 
     name: ClassVar[str] = "base"
@@ -180,6 +181,26 @@ class Method:
     def has_client_loss(self) -> bool:
         return type(self).client_loss is not Method.client_loss
 
+    # -- lockstep execution (vectorized executor) ---------------------------------------------
+    def synced_steps(self, server_round: int) -> int:
+        """Leading local steps of this round whose BatchNorm statistics (and their gradients)
+        are aggregated across all clients (FedTAN: 1). Needs ``requires_lockstep``."""
+        return 0
+
+    def sync_backward(self, server_round: int) -> bool:
+        """Whether the synced steps also aggregate the statistics' gradients (FedTAN) or only
+        the forward statistics (the paper's "FedAvg + Algorithm 2" baseline)."""
+        return True
+
+    def reset_momentum_after_sync(self) -> bool:
+        """Restart the client optimiser after the synced steps (FedTAN's code re-creates SGD)."""
+        return False
+
+    def frozen_statistics(self, server_round: int) -> bool:
+        """Whether BatchNorm normalises training batches with the downloaded running statistics
+        and leaves them unchanged this round (FedTAN-II after its switch round)."""
+        return False
+
     # -- server -----------------------------------------------------------------------------
     def configure_round(self, server_round: int, client_ids: list[int]) -> None:
         """Server side, before the round's clients run (default: nothing)."""
@@ -208,6 +229,11 @@ class Method:
     def comm_rounds_per_round(self, model: nn.Module) -> int:
         """Synchronisation rounds per server round (FedAvg: one exchange)."""
         return 1
+
+    def extra_bytes_per_client(self, model: nn.Module) -> tuple[int, int]:
+        """Bytes each client sends and receives per round besides the model exchange and
+        ``ctx.uploads`` (e.g. FedTAN's layer-wise statistics and their gradients)."""
+        return 0, 0
 
     # -- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -44,6 +44,8 @@ __all__ = [
     "ClientPadShortcut",
     "stack_model",
     "set_client_comm",
+    "set_row_mask",
+    "set_frozen_statistics",
     "to_client_layout",
     "from_client_layout",
 ]
@@ -65,12 +67,39 @@ def from_client_layout(y: torch.Tensor, num_clients: int) -> torch.Tensor:
     return y.reshape(b, num_clients, -1, *y.shape[2:]).transpose(0, 1)
 
 
-def set_client_comm(model: nn.Module, comm: ClientComm | None) -> nn.Module:
-    """Make every :class:`StackedBatchNorm` of a stacked model normalise with statistics pooled
-    over clients through ``comm`` (FedTAN's synchronised step), or with ``None`` per client again."""
+def set_client_comm(model: nn.Module, comm: ClientComm | None, *, backward: bool = True) -> nn.Module:
+    """Make every :class:`StackedBatchNorm` of a stacked model normalise training batches with
+    statistics pooled over clients through ``comm`` (FedTAN's synchronised step), or per client
+    again with ``None``.
+
+    With ``backward=False`` only the forward statistics are shared; each client backpropagates
+    as if its own batch statistics were used (the paper's "FedAvg + Algorithm 2" baseline).
+    """
     for m in model.modules():
         if isinstance(m, StackedBatchNorm):
             m.comm = comm
+            m.sync_backward = backward
+    return model
+
+
+def set_row_mask(model: nn.Module, mask: torch.Tensor | None) -> nn.Module:
+    """Mark which rows of each client's (padded) batch are real: ``mask`` is ``[B, K]`` bool.
+
+    Synchronised BatchNorm then leaves padded rows out of every statistic, so clients with
+    different batch sizes can share one stacked forward pass exactly.
+    """
+    for m in model.modules():
+        if isinstance(m, StackedBatchNorm):
+            m.row_mask = mask
+    return model
+
+
+def set_frozen_statistics(model: nn.Module, frozen: bool) -> nn.Module:
+    """Make BatchNorm (stacked or not) normalise with its running statistics in training too and
+    stop updating them (FedTAN-II after its switch round; FixBN's second phase)."""
+    for m in model.modules():
+        if isinstance(m, StackedBatchNorm):
+            m.frozen = frozen
     return model
 
 
@@ -151,6 +180,17 @@ class StackedBatchNorm(nn.Module):
         else:
             self.running_mean = self.running_var = self.num_batches_tracked = None
         self.comm: ClientComm | None = None
+        self.sync_backward = True
+        self.row_mask: torch.Tensor | None = None
+        self.frozen = False
+
+    def _affine(self, y: torch.Tensor, k: int) -> torch.Tensor:
+        cshape = [1, k, self.num_features] + [1] * (y.dim() - 3)
+        if self.weight is not None:
+            y = y * self.weight.view(cshape)
+        if self.bias is not None:
+            y = y + self.bias.view(cshape)
+        return y
 
     def _synced(self, x: torch.Tensor) -> torch.Tensor:
         b, kc = x.shape[:2]
@@ -158,19 +198,38 @@ class StackedBatchNorm(nn.Module):
         k = kc // c
         xv = x.reshape(b, k, c, *x.shape[2:])
         dims = [0] + list(range(3, xv.dim()))
-        per_client = float(b * (xv[0, 0, 0].numel()))
-        counts = torch.full((k,), per_client, dtype=x.dtype, device=x.device)
+        spatial = float(xv[0, 0, 0].numel())
+        if self.row_mask is None:
+            m = None
+            counts = torch.full((k,), b * spatial, dtype=x.dtype, device=x.device)
+        else:
+            if self.row_mask.shape != (b, k):
+                raise ValueError(f"row mask has shape {tuple(self.row_mask.shape)}, expected {(b, k)}")
+            m = self.row_mask.to(x.dtype).view(b, k, 1, *([1] * (xv.dim() - 3)))
+            counts = self.row_mask.to(x.dtype).sum(dim=0) * spatial
+
+        def client_mean(t: torch.Tensor) -> torch.Tensor:  # [K, C], over each client's real values
+            s = t.sum(dim=dims) if m is None else (t * m).sum(dim=dims)
+            return s / counts.unsqueeze(-1)
+
         total = self.comm.sum(counts)
-        p = (counts / total).unsqueeze(-1)  # [K, 1]
-        mean = self.comm.sum(p * xv.mean(dim=dims))  # [C], the union mean
+        p = (counts / total).unsqueeze(-1)  # [K, 1]: count weights make the pooled statistics exact
         shape = [1, 1, c] + [1] * (xv.dim() - 3)
-        var = self.comm.sum(p * ((xv - mean.view(shape)) ** 2).mean(dim=dims))  # [C], biased union variance
-        y = (xv - mean.view(shape)) * torch.rsqrt(var + self.eps).view(shape)
         cshape = [1, k, c] + [1] * (xv.dim() - 3)
-        if self.weight is not None:
-            y = y * self.weight.view(cshape)
-        if self.bias is not None:
-            y = y + self.bias.view(cshape)
+        local_mean = client_mean(xv)
+        mean = self.comm.sum(p * local_mean)  # [C], the union mean
+        if self.sync_backward:
+            var = self.comm.sum(p * client_mean((xv - mean.view(shape)) ** 2))  # biased union variance
+            y = (xv - mean.view(shape)) * torch.rsqrt(var + self.eps).view(shape)
+        else:
+            # Values of the union statistics, gradients of each client's own: the mean acts as the
+            # local mean, the variance as the local variance around the (constant) union mean.
+            eff_mean = local_mean + (mean - local_mean).detach()  # [K, C]
+            local_var = client_mean((xv - mean.detach().view(shape)) ** 2)
+            var = self.comm.sum(p * local_var).detach()
+            eff_var = local_var + (var.unsqueeze(0) - local_var).detach()
+            y = (xv - eff_mean.view(cshape)) * torch.rsqrt(eff_var + self.eps).view(cshape)
+        y = self._affine(y, k)
         if self.running_mean is not None:
             with torch.no_grad():
                 n = float(total)
@@ -180,6 +239,13 @@ class StackedBatchNorm(nn.Module):
         return y.reshape(x.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.frozen and self.running_mean is not None:
+            return F.batch_norm(
+                x, self.running_mean.view(-1), self.running_var.view(-1),
+                None if self.weight is None else self.weight.reshape(-1),
+                None if self.bias is None else self.bias.reshape(-1),
+                False, 0.0, self.eps,
+            )
         if self.training and self.comm is not None:
             if self.num_batches_tracked is not None:
                 self.num_batches_tracked.add_(1)

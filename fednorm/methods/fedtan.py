@@ -1,0 +1,156 @@
+"""FedTAN and FedTAN-II (Wang et al., "Why Batch Normalization Damage Federated Learning on
+Non-IID Data?", IEEE TNNLS 2023; spec/001_fedtan.md).
+
+FedAvg + BN is biased on non-IID data because each client's gradient is computed through its
+own batch statistics. FedTAN makes the *first* local step of every round exact centralized
+BatchNorm on the union of the clients' batches: in the forward pass each BN layer's mean and
+then variance around the global mean are aggregated across clients (Algorithm 2), in the
+backward pass the gradients with respect to them (Algorithm 3). Steps 2..E are ordinary local
+BN steps and the round ends with FedAvg, running statistics averaged naively (Eq. 7), as the
+paper does (spec A12).
+
+Here the synchronised step runs on the vectorized executor: the round's clients are one stacked
+model whose BN layers reduce over the client axis through the engine's
+:class:`~fednorm.nn.comm.ClientComm`, and autograd supplies Algorithm 3. The layer-wise order
+of a residual network's BN layers (spec A5) is therefore automatic, and the same layer code
+runs over ``torch.distributed`` once the reduction is a collective.
+
+Choices where the paper is silent (spec §8), all documented in docs/fedtan.md:
+
+- A1: statistics are aggregated with count weights ``B_i / ΣB`` (exactly the union's); Eq. 7
+  uses the FedAvg weights ``|D_i| / |D|``. They coincide in every paper experiment.
+- A2: the variance→mean path is kept by autograd; its global sum is zero, so the result equals
+  the paper's direct partial (tested against centralized BN to ~1e-12).
+- A3: the synchronised step's running variance is unbiased with the union count
+  ``n/(n−1)`` (what centralized BN on the union batch does).
+- A4: the client optimiser is re-created after step 1, as the released code does
+  (``reset_momentum=True``); momentum restarts every round anyway.
+- A6: batches are drawn without replacement (fresh permutations), not with replacement as the
+  released code samples.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from ..nn.norms import is_batch_norm
+from .base import ClientUpdates
+from .fedavg import FedAvg
+from .registry import register_method
+
+__all__ = ["FedTAN", "FedTANForward", "batch_norm_layers"]
+
+
+def batch_norm_layers(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if is_batch_norm(m)]
+
+
+@register_method("fedtan")
+class FedTAN(FedAvg):
+    """FedAvg whose first local step per round is BatchNorm synchronised across clients.
+
+    Args:
+        freeze_after: FedTAN-II: after this many rounds (the paper's M) the BN statistics are
+            frozen at their aggregated values and used in training and evaluation; from then on
+            the rounds are plain FedAvg with no layer-wise exchange. ``None``: never.
+        reset_momentum: re-create the client optimiser after the synchronised step (the
+            released code's behaviour). (default: ``True``)
+        weighting: FedAvg weights of Eq. 7. (default: ``"num_examples"``, the paper's ``|D_i|/|D|``)
+    """
+
+    name = "fedtan"
+    requires_lockstep = True
+    backward_sync = True
+
+    def __init__(
+        self,
+        freeze_after: int | None = None,
+        reset_momentum: bool = True,
+        weighting: Literal["num_examples", "uniform"] = "num_examples",
+    ) -> None:
+        super().__init__(weighting=weighting)
+        if freeze_after is not None and (isinstance(freeze_after, bool) or int(freeze_after) != freeze_after or freeze_after < 0):
+            raise ConfigError(f"fedtan: freeze_after must be a non-negative integer or null, got {freeze_after!r}")
+        self.freeze_after = None if freeze_after is None else int(freeze_after)
+        self.reset_momentum = bool(reset_momentum)
+        self._round = 0
+        self._layers: list[nn.Module] = []
+
+    def setup(self, model: nn.Module) -> None:
+        super().setup(model)
+        self._layers = batch_norm_layers(model)
+        self._buffer_keys = {
+            f"{name}.{b}" for name, m in model.named_modules() if is_batch_norm(m)
+            for b, _ in m.named_buffers(recurse=False)
+        }
+        if not self._layers:
+            import warnings
+
+            warnings.warn(f"{self.name}: the model has no BatchNorm layers, so this equals FedAvg", stacklevel=3)
+
+    def frozen(self, server_round: int) -> bool:
+        return self.freeze_after is not None and server_round > self.freeze_after
+
+    # -- lockstep hooks -----------------------------------------------------------------------
+    def synced_steps(self, server_round: int) -> int:
+        return 0 if self.frozen(server_round) or not self._layers else 1
+
+    def sync_backward(self, server_round: int) -> bool:
+        return self.backward_sync
+
+    def reset_momentum_after_sync(self) -> bool:
+        return self.reset_momentum
+
+    def frozen_statistics(self, server_round: int) -> bool:
+        return self.frozen(server_round)
+
+    # -- server -------------------------------------------------------------------------------
+    def configure_round(self, server_round: int, client_ids: list[int]) -> None:
+        self._round = server_round
+
+    def aggregate(self, server_round: int, global_state: dict[str, torch.Tensor], updates: ClientUpdates) -> dict[str, torch.Tensor]:
+        new = super().aggregate(server_round, global_state, updates)
+        if self.frozen(server_round):  # statistics stay exactly S̄_M (no float drift from averaging copies)
+            new.update({k: global_state[k].clone() for k in self._buffer_keys if k in new})
+        return new
+
+    # -- communication (spec §3.4) ------------------------------------------------------------
+    def statistics_floats(self) -> int:
+        """Σ_ℓ 2·C_ℓ: one mean and one variance per channel of every BN layer."""
+        return sum(2 * m.num_features for m in self._layers)
+
+    def comm_rounds_per_round(self, model: nn.Module) -> int:
+        if self.synced_steps(self._round) == 0:
+            return 1
+        per_layer = 3 if self.backward_sync else 2  # mean, variance (, their gradients)
+        return per_layer * len(self._layers) + 1
+
+    def extra_bytes_per_client(self, model: nn.Module) -> tuple[int, int]:
+        if self.synced_steps(self._round) == 0:
+            return 0, 0
+        item = next((p.element_size() for p in model.parameters()), 4)
+        floats = self.statistics_floats() * (2 if self.backward_sync else 1)
+        return floats * item, floats * item
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"round": self._round}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._round = int(state.get("round", 0))
+
+    def hparams(self) -> dict[str, Any]:
+        return {"freeze_after": self.freeze_after, "reset_momentum": self.reset_momentum, **super().hparams()}
+
+
+@register_method("fedtan_forward")
+class FedTANForward(FedTAN):
+    """The paper's "FedAvg + Algorithm 2" baseline (a simplified FedDNA): the first step shares
+    the forward statistics only; each client backpropagates with its own statistics' gradients
+    and its own count (spec A8). Shows why FedTAN's backward half matters."""
+
+    name = "fedtan_forward"
+    backward_sync = False

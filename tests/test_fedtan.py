@@ -1,0 +1,237 @@
+"""FedTAN (spec/001_fedtan.md §6.2): exact identities in float64 against centralized BatchNorm."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fednorm.config import ExperimentConfig
+from fednorm.engine.lockstep import scale_client_grads, synced_loss
+from fednorm.engine.simulator import Simulation
+from fednorm.errors import ConfigError
+from fednorm.models import get_model
+from fednorm.nn.comm import LocalClientComm
+from fednorm.nn.stacked import set_client_comm, stack_model
+
+
+def _skewed_batches(sizes, in_channels=3, side=8, num_classes=4, seed=0):
+    """Client batches with different sizes, label sets and feature shifts (non-IID)."""
+    g = torch.Generator().manual_seed(seed)
+    xs, ys = [], []
+    for i, n in enumerate(sizes):
+        xs.append(torch.randn(n, in_channels, side, side, generator=g, dtype=torch.float64) * (1 + i) + 0.5 * i)
+        ys.append(torch.randint(2 * i % num_classes, 2 * i % num_classes + 2, (n,), generator=g))
+    return xs, ys
+
+
+def _client_gradients(model, xs, ys, backward=True):
+    """Each client's gradient of the synchronised step, from the stacked model: {name: [K, ...]}."""
+    stacked = stack_model(model, len(xs), verify=False)
+    stacked.train()
+    set_client_comm(stacked, LocalClientComm(), backward=backward)
+    losses, total, p = synced_loss(stacked, stacked, xs, ys)
+    total.backward()
+    params = dict(stacked.named_parameters())
+    scale_client_grads(params, 1.0 / p)
+    return {n: t.grad for n, t in params.items()}, losses.detach(), p, stacked
+
+
+def _central(model, xs, ys):
+    central = copy.deepcopy(model)
+    central.train()
+    x, y = torch.cat(xs), torch.cat(ys)
+    per_sample = F.cross_entropy(central(x), y, reduction="none")
+    per_sample.mean().backward()
+    bounds = torch.tensor([0] + [len(t) for t in xs]).cumsum(0)
+    client_losses = torch.stack([per_sample[bounds[i] : bounds[i + 1]].mean() for i in range(len(xs))]).detach()
+    return {n: t.grad for n, t in central.named_parameters()}, client_losses, central
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm().clamp(min=1e-300))
+
+
+MODELS = [("simple_cnn", {}), ("resnet20", {}), ("mlp", {"hidden": 16})]
+
+
+@pytest.mark.parametrize("name,kw", MODELS)
+def test_synchronised_step_gradient_equals_centralized_bn_on_the_union_batch(name, kw):
+    """T2: Σ_i p_i ∇F_i = ∇F_central for every parameter, with unequal batch sizes (p_i = B_i/ΣB);
+    each client's forward equals the centralized forward on its rows; running statistics follow
+    the union's statistics."""
+    torch.manual_seed(0)
+    model = get_model(name, num_classes=4, in_channels=3, input_size=8, norm="bn", **kw).double()
+    xs, ys = _skewed_batches([5, 3, 8])
+    grads, losses, p, stacked = _client_gradients(model, xs, ys)
+    central_grads, central_losses, central = _central(model, xs, ys)
+    torch.testing.assert_close(losses, central_losses, rtol=1e-12, atol=1e-13)
+    for n, g in central_grads.items():
+        weighted = torch.tensordot(p.to(grads[n].dtype), grads[n], dims=1)
+        torch.testing.assert_close(weighted, g, rtol=1e-9, atol=1e-13, msg=lambda m: f"{n}: {m}")
+    # the clients' own gradients are not all the centralized one (only their weighted mean is)
+    assert max(_rel(grads[n][0], g) for n, g in central_grads.items()) > 1e-3
+    buffers = dict(stacked.named_buffers())
+    for n, b in central.named_buffers():
+        if b.is_floating_point():
+            for i in range(len(xs)):
+                torch.testing.assert_close(buffers[n][i], b, rtol=1e-11, atol=1e-13)
+
+
+def test_forward_only_sync_has_the_centralized_forward_but_not_its_gradient():
+    """T5 (Property 3): synchronising only the statistics (FedAvg + Algorithm 2) leaves a gradient
+    deviation on non-IID batches, while its forward pass equals the centralized one."""
+    torch.manual_seed(0)
+    model = get_model("simple_cnn", num_classes=4, in_channels=3, input_size=8, norm="bn").double()
+    xs, ys = _skewed_batches([6, 4, 6])
+    grads, losses, p, _ = _client_gradients(model, xs, ys, backward=False)
+    central_grads, central_losses, _ = _central(model, xs, ys)
+    torch.testing.assert_close(losses, central_losses, rtol=1e-12, atol=1e-13)
+    deviation = max(
+        _rel(torch.tensordot(p.to(grads[n].dtype), grads[n], dims=1), g) for n, g in central_grads.items()
+    )
+    assert deviation > 1e-3
+
+
+def test_identical_client_batches_make_every_scheme_centralized():
+    """T4 (Property 1): when every client holds a permutation of the same batch, forward-only
+    sync gives each client the centralized gradient too."""
+    torch.manual_seed(1)
+    model = get_model("simple_cnn", num_classes=4, in_channels=3, input_size=8, norm="bn").double()
+    x = torch.randn(6, 3, 8, 8, dtype=torch.float64)
+    y = torch.randint(0, 4, (6,))
+    perms = [torch.randperm(6) for _ in range(3)]
+    xs, ys = [x[q] for q in perms], [y[q] for q in perms]
+    central_grads, _, _ = _central(model, [x], [y])
+    for backward in (True, False):
+        grads, _, _, _ = _client_gradients(model, xs, ys, backward=backward)
+        for n, g in central_grads.items():
+            for i in range(3):
+                torch.testing.assert_close(grads[n][i], g, rtol=1e-9, atol=1e-13)
+
+
+def _digits_config(**kw):
+    base = dict(
+        dataset="digits", partition="dirichlet", alpha=0.3, num_clients=3, rounds=2, local_steps=1,
+        batch_size=100_000, lr=0.5, model="mlp", model_args={"hidden": 32}, norm="bn", method="fedtan",
+        dtype="float64", augment=False, eval_every=1000,
+    )
+    base.update(kw)
+    return ExperimentConfig(**base)
+
+
+def _centralized_gd(sim, rounds, lr):
+    ref = copy.deepcopy(sim.model)
+    ref.load_state_dict(sim.global_state)
+    ref.train()
+    idx = torch.cat([sim.data.client_train[c] for c in range(sim.config.num_clients)])
+    x, y = sim.data.train_x[idx], sim.data.train_y[idx]
+    for _ in range(rounds):
+        ref.zero_grad()
+        F.cross_entropy(ref(x), y).backward()
+        with torch.no_grad():
+            for p in ref.parameters():
+                p -= lr * p.grad
+    return ref.state_dict()
+
+
+@pytest.mark.parametrize("model,model_args", [("mlp", {"hidden": 32}), ("resnet20", {})])
+def test_fedtan_full_batch_rounds_equal_centralized_gradient_descent(model, model_args):
+    """T7: one synchronised full-batch step per round on unequal, label-skewed clients reproduces
+    gradient descent with BatchNorm on the union of the data — weights and running statistics."""
+    cfg = _digits_config(model=model, model_args=model_args)
+    sim = Simulation(cfg)
+    sizes = sim.data.client_sizes()
+    assert len(set(sizes.tolist())) > 1  # unequal clients
+    expected = _centralized_gd(sim, cfg.rounds, cfg.lr)
+    for _ in range(cfg.rounds):
+        sim.step()
+    for key, value in expected.items():
+        torch.testing.assert_close(sim.global_state[key], value, rtol=1e-9, atol=1e-11, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedtan_forward"])
+def test_baselines_do_not_equal_centralized_gradient_descent(method):
+    """The identity above has power: FedAvg+BN and forward-only sync miss it on the same data."""
+    cfg = _digits_config(method=method, rounds=1)
+    sim = Simulation(cfg)
+    expected = _centralized_gd(sim, 1, cfg.lr)
+    sim.step()
+    dev = max(_rel(sim.global_state[k], v) for k, v in expected.items() if k.endswith("weight"))
+    assert dev > 1e-4
+
+
+def test_communication_rounds_and_bytes_follow_the_paper():
+    """T8: 3L+1 exchanges per round (ResNet-20: L = 19 -> 58), 2L+1 for forward-only sync, 1 after
+    FedTAN-II's switch; the extra uplink is the statistics and their gradients (Table 3)."""
+    cfg = _digits_config(model="resnet20", model_args={}, rounds=3, num_clients=5, batch_size=16,
+                         method_args={"freeze_after": 2}, dtype="float32")
+    sim = Simulation(cfg)
+    num_bn = sum(isinstance(m, torch.nn.BatchNorm2d) for m in sim.model.modules())
+    assert num_bn == 19
+    shared = sum(t.numel() * t.element_size() for t in sim.global_state.values())
+    bn_channels = sum(m.num_features for m in sim.model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    sim.step()
+    assert sim.comm_rounds == 3 * num_bn + 1 == 58
+    extra = 2 * (2 * bn_channels) * 4  # means+variances, then their gradients, float32
+    assert sim.uplink_bytes == 5 * (shared + extra)
+    sim.step()
+    sim.step()  # round 3 is after the switch (freeze_after=2): plain FedAvg
+    assert sim.comm_rounds == 58 * 2 + 1
+    fwd = Simulation(_digits_config(model="resnet20", model_args={}, rounds=1, method="fedtan_forward", batch_size=16))
+    fwd.step()
+    assert fwd.comm_rounds == 2 * num_bn + 1
+
+
+def test_resnet20_matches_the_papers_table3_bytes():
+    """Table 3: FedTAN moves 6.2679 MiB per iteration with 5 clients on CIFAR-10's ResNet-20
+    (P = 271,098 parameters and running statistics, 1,376 statistics per exchange)."""
+    from fednorm.methods import get_method
+
+    model = get_model("resnet20", num_classes=10, in_channels=3, input_size=32, norm="bn")
+    method = get_method("fedtan")
+    method.setup(model)
+    p = sum(t.numel() for t in model.parameters()) + sum(
+        t.numel() for n, t in model.named_buffers() if n.endswith(("running_mean", "running_var"))
+    )
+    assert p == 271_098
+    assert method.statistics_floats() == 1376
+    n = 5
+    mib = (p + 2 * method.statistics_floats()) * (n + 1) * 4 / 2**20
+    assert round(mib, 4) == 6.2679
+    assert round(p * (n + 1) * 4 / 2**20, 4) == 6.2049  # FedAvg+BN
+
+
+def test_fedtan2_freezes_statistics_after_the_switch_round():
+    """T9: after M rounds the BN statistics stay exactly S̄_M while the weights keep training."""
+    cfg = _digits_config(method_args={"freeze_after": 2}, rounds=4, local_steps=3, batch_size=64)
+    sim = Simulation(cfg)
+    sim.step()
+    sim.step()
+    frozen = {k: v.clone() for k, v in sim.global_state.items()}
+    sim.step()
+    sim.step()
+    for k, v in frozen.items():
+        if "running" in k or "num_batches" in k:
+            assert torch.equal(sim.global_state[k], v), k
+        elif k.endswith("weight"):
+            assert not torch.equal(sim.global_state[k], v), k
+
+
+def test_fedtan_needs_a_lockstep_executor():
+    with pytest.raises(ConfigError, match="vectorized"):
+        Simulation(_digits_config(executor="sequential"))
+    with pytest.raises(ConfigError, match="synchronises all 3 clients"):
+        Simulation(_digits_config(max_parallel_clients=2)).step()
+
+
+def test_fedtan_learns_on_label_skewed_clients():
+    cfg = ExperimentConfig(
+        dataset="digits", partition="classes", classes_per_client=2, partition_args={"mode": "sequential"},
+        num_clients=5, rounds=8, local_steps=5, batch_size=32, lr=0.1, momentum=0.9, model="mlp",
+        norm="bn", method="fedtan", augment=False, eval_every=8,
+    )
+    sim = Simulation(cfg)
+    for _ in range(cfg.rounds):
+        record = sim.step()
+    assert record.metrics["test_accuracy"] > 0.8
