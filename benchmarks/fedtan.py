@@ -21,7 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import data_dir, machine, write_result  # noqa: E402

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import torch
 from torch import nn
 
 from .config import ExperimentConfig, load_config
@@ -179,8 +180,14 @@ def run(
         status, error = "interrupted", exc
     finally:
         bar.close()
+    final = sim.method.final_state(sim) if status == "completed" else None
     summary = sim.summary()
     summary["status"] = status
+    if final is not None:  # e.g. HBN's statistics-only round T+1
+        res = sim.evaluate(final)
+        summary["final_sync"] = {k: res.get(k) for k in ("test_accuracy", "test_loss", "mean_client_accuracy")}
+        if writer is not None:
+            torch.save(final, writer.dir / "final_model.pt")
     if error is not None:
         summary["error"] = str(error) or type(error).__name__
     if writer is not None:

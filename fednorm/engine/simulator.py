@@ -117,6 +117,7 @@ class Simulation:
             ) from None
         self.model.to(device=self.device, dtype=self.dtype)
         self.method: Method = get_method(config.method, **config.method_args)
+        self.method.seed = config.seed
         self.method.setup(self.model)
         for module in self.model.modules():
             needed = getattr(module, "requires_method", None)
@@ -359,7 +360,7 @@ class Simulation:
         self.model.load_state_dict(self.global_state if state is None else state)
         return self.model
 
-    def evaluate(self) -> dict[str, Any]:
+    def evaluate(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
         """Global test accuracy/loss and each client's accuracy on its own test split.
 
         For personalized methods (local tensors, e.g. FedBN) there is no single global model:
@@ -368,7 +369,8 @@ class Simulation:
         """
         data, bs = self.data, self.config.eval_batch_size
         start = time.perf_counter()
-        state = self.method.evaluation_state(self)
+        if state is None:
+            state = self.method.evaluation_state(self)
         client_acc: list[float | None] = []
         if self.method.personalized:
             correct = 0

@@ -143,6 +143,7 @@ class Method:
     """
 
     name: ClassVar[str] = "base"
+    seed: int = 0  # the experiment seed, set by the simulator, for method-side randomness
     personalized: ClassVar[bool] = False
     requires_lockstep: ClassVar[bool] = False
 
@@ -220,6 +221,11 @@ class Method:
         """The global state to evaluate (default: as aggregated). HBN recomputes its statistics
         under the new weights here, as its paper evaluates."""
         return sim.global_state
+
+    def final_state(self, sim: Any) -> dict[str, torch.Tensor] | None:
+        """A last exchange after training (HBN's statistics-only round T+1): the global state to
+        deploy, or ``None`` when the trained state is final (default)."""
+        return None
 
     def report(self, sim: Any) -> dict[str, Any]:
         """Method-specific figures for ``summary.json`` (default: none)."""

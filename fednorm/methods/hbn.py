@@ -11,8 +11,18 @@ Evaluation follows the paper (§4.1, spec §2.3): the round's clients recompute 
 under the *new* global weights and these, pooled with lambda = 1, normalise the test set; so the
 statistics used at test time describe the evaluated weights rather than lagging one round.
 
-Not yet here (tracked in the HBN issue): the ``reference-code`` preset (alpha sign, first-64
-statistics, hybrid uploads, lambda 0.002, averaged alpha) and the extra statistics-only round T+1.
+Two presets (spec §5): ``paper`` (the default: statistics from all local data, pure local
+statistics uploaded, lambda 0.01, alpha local) and ``reference-code`` (the released code's
+choices: statistics from the first 64 samples of the client's data in stored order, the hybrid
+statistics of that forward uploaded, lambda 0.002, alpha averaged into the global model, a
+client's own alpha kept after its first round). The code's ``sigmoid(+alpha)`` convention is a
+relabelling of the same parameter (alpha starts at 0 and the mix is symmetric), so training is
+identical; fednorm always reports the batch weight, which does not depend on the sign.
+
+The statistics-only round T+1 of Algorithm 1 runs after the last round (:meth:`HBN.final_state`):
+a fresh sample of clients computes statistics under the final weights; pooled (lambda = 1, so they
+describe the final weights rather than 1% of them) they give ``final_model.pt`` and the summary's
+``final_sync`` accuracy. The resumable checkpoint keeps the training state.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..nn.functional import pooled_stats
 from ..nn.hbn import HybridBatchNorm, collect_hbn_statistics
+from ..engine.rng import torch_generator
 from ..nn.state import state_keys
 from .base import ClientContext, ClientUpdates
 from .fedavg import FedAvg
@@ -35,78 +46,164 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["HBN"]
 
+OWN_ALPHA = "hbn.own."  # bank prefix of a client's own alpha in alpha_mode="global_init"
+
 
 @register_method("hbn")
 class HBN(FedAvg):
     """FedAvg with HBN layers: a statistics pass per round, exact pooled global statistics.
 
     Args:
+        preset: ``"paper"`` or ``"reference-code"``; fills every option left unset (``None``).
         stats_momentum: lambda of Eq. 11, the weight of the new pooled statistics
-            (paper: 0.01; the released code: 0.002; 1 = no smoothing). (default: 0.01)
+            (paper: 0.01; the released code: 0.002; 1 = no smoothing).
         stats_mode: forward of earlier layers during the statistics pass: ``"train"`` (hybrid
             normalisation, as the code) or ``"eval"`` (global statistics only). (default: "train")
+        stats_samples: which local samples the statistics pass uses: ``"all"`` (paper), ``"random"``
+            (a seeded subset of ``stats_max_samples``, the paper's Sec. 5 variant) or ``"first"``
+            (the first ``stats_max_samples`` in stored order; the code's one unshuffled batch).
+        stats_max_samples: subset size for ``"random"``/``"first"`` (code: 64; Sec. 5: 128).
+        upload: ``"local"`` (pure local statistics, paper) or ``"hybrid"`` (the client's
+            alpha-mixed statistics of the pass, the code).
+        alpha_mode: ``"local"`` (alpha never leaves the client, paper) or ``"global_init"`` (alpha is
+            averaged like a weight; a client starts from the global alpha and keeps its own after
+            its first round, the code).
+        stats_init: ``"zeros_ones"`` (global statistics start at (0, 1), then EMA; the code) or
+            ``"first_round"`` (round 1 sets them from the pool without EMA, spec §5 row 8).
         stats_batch_size: chunk size of the statistics pass. (default: 512)
         eval_resync: recompute the statistics of the round's clients under the new weights
             before evaluating (the paper's protocol). (default: True)
+        final_sync: run the statistics-only round T+1 after training. (default: True)
         weighting: FedAvg weights. (default: "num_examples", as the code)
     """
 
     name = "hbn"
+    PRESETS: dict[str, dict[str, Any]] = {
+        "paper": dict(stats_momentum=0.01, stats_samples="all", stats_max_samples=None, upload="local",
+                      alpha_mode="local", stats_init="zeros_ones"),
+        "reference-code": dict(stats_momentum=0.002, stats_samples="first", stats_max_samples=64, upload="hybrid",
+                               alpha_mode="global_init", stats_init="zeros_ones"),
+    }
 
     def __init__(
         self,
-        stats_momentum: float = 0.01,
+        preset: Literal["paper", "reference-code"] = "paper",
+        stats_momentum: float | None = None,
         stats_mode: Literal["train", "eval"] = "train",
+        stats_samples: Literal["all", "random", "first"] | None = None,
+        stats_max_samples: int | None = None,
+        upload: Literal["local", "hybrid"] | None = None,
+        alpha_mode: Literal["local", "global_init"] | None = None,
+        stats_init: Literal["zeros_ones", "first_round"] | None = None,
         stats_batch_size: int = 512,
         eval_resync: bool = True,
+        final_sync: bool = True,
         weighting: Literal["num_examples", "uniform"] = "num_examples",
     ) -> None:
         super().__init__(weighting=weighting)
+        preset = str(preset).replace("_", "-")
+        if preset not in self.PRESETS:
+            raise ConfigError(f"Unknown value '{preset}' for argument preset. Valid values are {{paper, reference-code}}")
+        base = self.PRESETS[preset]
+        stats_momentum = base["stats_momentum"] if stats_momentum is None else stats_momentum
+        stats_samples = stats_samples or base["stats_samples"]
+        stats_max_samples = base["stats_max_samples"] if stats_max_samples is None else stats_max_samples
+        upload = upload or base["upload"]
+        alpha_mode = alpha_mode or base["alpha_mode"]
+        stats_init = stats_init or base["stats_init"]
         if not (isinstance(stats_momentum, (int, float)) and 0 < stats_momentum <= 1):
             raise ConfigError(f"stats_momentum (lambda, Eq. 11) must be in (0, 1], got {stats_momentum!r}")
-        if stats_mode not in ("train", "eval"):
-            raise ConfigError(f"Unknown value '{stats_mode}' for argument stats_mode. Valid values are {{train, eval}}")
+        choices = {"stats_mode": (stats_mode, ("train", "eval")), "stats_samples": (stats_samples, ("all", "random", "first")),
+                   "upload": (upload, ("local", "hybrid")), "alpha_mode": (alpha_mode, ("local", "global_init")),
+                   "stats_init": (stats_init, ("zeros_ones", "first_round"))}
+        for arg, (value, valid) in choices.items():
+            if value not in valid:
+                raise ConfigError(f"Unknown value '{value}' for argument {arg}. Valid values are {{{', '.join(valid)}}}")
         if not (isinstance(stats_batch_size, int) and stats_batch_size >= 2):
             raise ConfigError(f"stats_batch_size must be an integer >= 2, got {stats_batch_size!r}")
+        if stats_samples != "all" and not (isinstance(stats_max_samples, int) and stats_max_samples >= 2):
+            raise ConfigError(f"stats_samples='{stats_samples}' needs stats_max_samples >= 2, got {stats_max_samples!r}")
+        self.preset = preset
         self.stats_momentum = float(stats_momentum)
         self.stats_mode = stats_mode
+        self.stats_samples = stats_samples
+        self.stats_max_samples = stats_max_samples
+        self.upload = upload
+        self.alpha_mode = alpha_mode
+        self.stats_init = stats_init
         self.stats_batch_size = stats_batch_size
         self.eval_resync = eval_resync
+        self.final_sync = final_sync
         self.layers: list[str] = []
         self._last_round_clients: list[int] = []
+        self._initialised = False
 
     # -- model policy -----------------------------------------------------------------------
     def setup(self, model: nn.Module) -> None:
         self.layers = [name for name, m in model.named_modules() if isinstance(m, HybridBatchNorm)]
         if not self.layers:
             raise ConfigError("method 'hbn' needs HBN layers: use norm 'hbn' (or convert_to_hybrid on your model)")
+        self._alpha_keys = sorted(self.alpha_keys(model))
         super().setup(model)
 
-    def select_local_keys(self, model: nn.Module) -> set[str]:
-        """alpha (HBN Eq. 9) is configured per client and never communicated."""
+    def alpha_keys(self, model: nn.Module) -> set[str]:
         return state_keys(model, lambda m: isinstance(m, HybridBatchNorm), names=HybridBatchNorm.local_tensors)
 
+    def select_local_keys(self, model: nn.Module) -> set[str]:
+        """alpha (HBN Eq. 9) is configured per client and never communicated (paper)."""
+        return self.alpha_keys(model) if self.alpha_mode == "local" else set()
+
     # -- client -----------------------------------------------------------------------------
+    def statistics_sample(self, x: torch.Tensor, server_round: int, client_id: int) -> torch.Tensor:
+        """The samples of the statistics pass (``stats_samples``)."""
+        m = self.stats_max_samples
+        if self.stats_samples == "all" or m is None or len(x) <= m:
+            return x
+        if self.stats_samples == "first":
+            return x[:m]
+        gen = torch_generator(getattr(self, "seed", 0), "hbn-statistics", server_round, client_id)
+        return x.index_select(0, torch.randperm(len(x), generator=gen)[:m].to(x.device))
+
     def client_statistics(self, model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Eq. 7: per HBN layer, exact (count, mean, biased var) of its input on ``x``."""
+        """Eq. 7: per HBN layer, exact (count, mean, biased var) of its input on ``x``; with
+        ``upload="hybrid"`` the alpha-mixed statistics the code uploads instead."""
         batches = list(x.split(self.stats_batch_size))
         if len(batches) > 1 and len(batches[-1]) < 2 and self.stats_mode == "train":
             batches[-2] = torch.cat(batches[-2:])  # a batch of one has no batch variance
             batches.pop()
         stats = collect_hbn_statistics(model, batches, train_mode=self.stats_mode == "train")
+        modules = dict(model.named_modules())
         out = {}
         for name in self.layers:
             s = stats[name]
+            mean, var = s.mean, s.var
+            if self.upload == "hybrid":
+                layer = modules[name]
+                w = layer.batch_weight.detach().to(mean.dtype)
+                mean = w * mean + (1 - w) * layer.global_mean.to(mean.dtype)
+                var = w * var + (1 - w) * layer.global_var.to(var.dtype)
             out[f"hbn.{name}.count"] = s.count.reshape(())
-            out[f"hbn.{name}.mean"] = s.mean
-            out[f"hbn.{name}.var"] = s.var
+            out[f"hbn.{name}.mean"] = mean
+            out[f"hbn.{name}.var"] = var
         return out
 
     def client_begin(self, ctx: ClientContext) -> None:
+        if self.alpha_mode == "global_init":  # the client's own alpha once it has one (the code)
+            own = {k[len(OWN_ALPHA):]: v for k, v in ctx.local_state.items() if k.startswith(OWN_ALPHA)}
+            if own:
+                state = ctx.model.state_dict()
+                state.update(own)
+                ctx.model.load_state_dict(state)
         if ctx.num_examples == 0:
             ctx.uploads.update(self._empty_statistics(ctx.model))
             return
-        ctx.uploads.update(self.client_statistics(ctx.model, ctx.x))
+        x = self.statistics_sample(ctx.x, ctx.server_round, ctx.client_id)
+        ctx.uploads.update(self.client_statistics(ctx.model, x))
+
+    def client_end(self, ctx: ClientContext) -> None:
+        if self.alpha_mode == "global_init":
+            state = ctx.model.state_dict()
+            ctx.local_state.update({OWN_ALPHA + k: state[k].detach().clone() for k in self._alpha_keys})
 
     def _empty_statistics(self, model: nn.Module) -> dict[str, torch.Tensor]:
         modules = dict(model.named_modules())
@@ -135,6 +232,9 @@ class HBN(FedAvg):
     ) -> dict[str, torch.Tensor]:
         new = super().aggregate(server_round, global_state, updates)
         lam = self.stats_momentum
+        if self.stats_init == "first_round" and not self._initialised:
+            lam = 1.0  # the first pool replaces the (0, 1) initialisation outright
+        self._initialised = True
         for name in self.layers:
             pooled = self.pooled(updates.extras, name)
             if pooled is None:
@@ -145,12 +245,11 @@ class HBN(FedAvg):
         return new
 
     # -- evaluation -------------------------------------------------------------------------
-    def evaluation_state(self, sim: "Simulation") -> dict[str, torch.Tensor]:
-        """The round's clients' statistics under the new weights, pooled with lambda = 1 (§4.1)."""
-        if not self.eval_resync or not self._last_round_clients:
-            return sim.global_state
+    def synced_state(self, sim: "Simulation", client_ids: list[int]) -> dict[str, torch.Tensor]:
+        """The global state with statistics recomputed by ``client_ids`` under the current
+        weights and pooled with lambda = 1 (Eq. 8 only)."""
         uploads = []
-        for cid in self._last_round_clients:
+        for cid in client_ids:
             idx = sim.data.client_train[cid]
             model = sim.client_model(cid)
             if len(idx) == 0:
@@ -167,12 +266,24 @@ class HBN(FedAvg):
                 state[f"{name}.{key}"] = value.to(state[f"{name}.{key}"].dtype)
         return state
 
+    def evaluation_state(self, sim: "Simulation") -> dict[str, torch.Tensor]:
+        """The round's clients' statistics under the new weights, pooled with lambda = 1 (§4.1)."""
+        if not self.eval_resync or not self._last_round_clients:
+            return sim.global_state
+        return self.synced_state(sim, self._last_round_clients)
+
+    def final_state(self, sim: "Simulation") -> dict[str, torch.Tensor] | None:
+        """Algorithm 1's round T+1: statistics only, from a fresh sample of clients, weights unchanged."""
+        if not self.final_sync:
+            return None
+        return self.synced_state(sim, sim.sample_clients(sim.server_round + 1))
+
     def report(self, sim: "Simulation") -> dict[str, Any]:
         """Learned mixing per layer (the paper never reports it): the batch-statistics weight
         ``sigmoid(-alpha)`` averaged over channels, as mean/min/max over the clients that trained."""
         out: dict[str, Any] = {}
         for name in self.layers:
-            key = f"{name}.alpha"
+            key = f"{name}.alpha" if self.alpha_mode == "local" else f"{OWN_ALPHA}{name}.alpha"
             weights = [torch.sigmoid(-sim.bank.get(c)[key]).mean().item() for c in sim.bank if key in (sim.bank.get(c) or {})]
             if weights:
                 out[name] = {
@@ -183,10 +294,24 @@ class HBN(FedAvg):
                 }
         return {"hbn_batch_weight": out}
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"initialised": self._initialised, "last_round_clients": list(self._last_round_clients)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._initialised = bool(state.get("initialised", False))
+        self._last_round_clients = list(state.get("last_round_clients", []))
+
     def hparams(self) -> dict[str, Any]:
         return {
+            "preset": self.preset,
             "stats_momentum": self.stats_momentum,
             "stats_mode": self.stats_mode,
+            "stats_samples": self.stats_samples,
+            "stats_max_samples": self.stats_max_samples,
+            "upload": self.upload,
+            "alpha_mode": self.alpha_mode,
+            "stats_init": self.stats_init,
+            "final_sync": self.final_sync,
             "eval_resync": self.eval_resync,
             "weighting": self.weighting,
         }
