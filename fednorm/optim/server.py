@@ -108,14 +108,15 @@ class FedAvgM(ServerOptimizer):
     ``m ← β·m + Δ``, ``x ← x + η·m``. With β = 0 and η = 1 it is FedAvg.
 
     Args:
-        server_lr: eta. (default: 1.0, Hsu et al.)
-        momentum: beta. (default: 0.9, Hsu et al.; the LN paper's code has FedAvgM but no
-            reported setting)
+        server_lr: eta. (default: 0.1)
+        momentum: beta. (default: 0.9)
+        Hsu et al. find that the effective rate η/(1 − β) is what matters; the defaults make it 1,
+        the long-run step of FedAvg. The LN paper's code has FedAvgM but reports no setting.
     """
 
     name = "fedavgm"
 
-    def __init__(self, server_lr: float = 1.0, momentum: float = 0.9) -> None:
+    def __init__(self, server_lr: float = 0.1, momentum: float = 0.9) -> None:
         super().__init__()
         self.server_lr = _check("fedavgm server_lr", server_lr, 0.0, low_open=True)
         self.momentum = _check("fedavgm momentum", momentum, 0.0, 1.0)
