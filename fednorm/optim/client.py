@@ -14,6 +14,7 @@ drift from); FedProx anchors every trainable parameter to its value at the start
 
 from __future__ import annotations
 
+import inspect
 import copy
 import warnings
 from typing import Any, ClassVar
@@ -51,7 +52,8 @@ def get_client_optimizer(name: str, **config: Any) -> "ClientOptimizer":
     try:
         return cls(**{k: v for k, v in config.items() if v is not None})
     except TypeError as exc:
-        raise ConfigError(f"client_opt_args for '{name}': {exc}") from None
+        valid = ", ".join(p for p in inspect.signature(cls.__init__).parameters if p != "self") or "none"
+        raise ConfigError(f"client_opt_args for '{name}': {exc} (valid options: {valid})") from None
 
 
 def _number(name: str, value: Any, *, low: float, low_open: bool = False) -> float:

@@ -13,6 +13,7 @@ Moments are kept in float64 and the result is cast back to the parameter's dtype
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, ClassVar
 
 import torch
@@ -45,7 +46,8 @@ def get_server_optimizer(name: str, **config: Any) -> "ServerOptimizer":
     try:
         return cls(**{k: v for k, v in config.items() if v is not None})
     except TypeError as exc:
-        raise ConfigError(f"server_opt_args for '{name}': {exc}") from None
+        valid = ", ".join(p for p in inspect.signature(cls.__init__).parameters if p != "self") or "none"
+        raise ConfigError(f"server_opt_args for '{name}': {exc} (valid options: {valid})") from None
 
 
 def _check(name: str, value: Any, low: float, high: float | None = None, *, low_open: bool = False, high_open: bool = True) -> float:
