@@ -55,6 +55,21 @@ class ExperimentConfig(BaseModel):
     method: str = Field("fedavg", description="federated method (`fednorm list methods`)")
     method_args: dict[str, Any] = Field(default_factory=dict, description="method options, e.g. {weighting: uniform}")
 
+    # --- FL optimizers (fednorm.optim: client side FedProx/SCAFFOLD/MOON, server side FedAvgM/FedAdam/FedYogi) ---
+    client_opt: str = Field("none", description="client optimizer composed with the method: none, fedprox, scaffold, moon")
+    client_opt_args: dict[str, Any] = Field(default_factory=dict, description="client optimizer options, e.g. {mu: 0.01}")
+    server_opt: str = Field("none", description="server optimizer on the learnable parameters: none, fedavgm, fedadam, fedyogi")
+    server_opt_args: dict[str, Any] = Field(default_factory=dict, description="server optimizer options, e.g. {server_lr: 0.01}")
+
+    @field_validator("client_opt", "server_opt")
+    @classmethod
+    def _lowercase_optimizer_names(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError("must not be empty (use 'none')")
+        return value.lower().replace("-", "_")
+    # --- end FL optimizers ---
+
     # --- local training ---------------------------------------------------------------------
     rounds: int = Field(30, ge=1, description="communication rounds")
     local_epochs: int = Field(1, ge=1, description="local epochs per round (ignored when local_steps is set)")

@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p_list = sub.add_parser("list", help="list methods, norms, models, datasets and partitions")
-    p_list.add_argument("what", nargs="?", choices=["methods", "norms", "models", "datasets", "partitions"], help="one registry (default: all)")
+    p_list.add_argument("what", nargs="?", choices=["methods", "norms", "models", "datasets", "partitions", "client_opts", "server_opts"], help="one registry (default: all)")
     return parser
 
 
@@ -245,6 +245,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from ..methods import list_methods
     from ..models import list_models
     from ..nn.norms import list_norms
+    from ..optim import list_client_optimizers, list_server_optimizers
 
     listing = {
         "methods": list_methods(),
@@ -252,6 +253,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         "models": list_models(),
         "datasets": list_datasets(),
         "partitions": list_partitions(),
+        "client_opts": list_client_optimizers(),
+        "server_opts": list_server_optimizers(),
     }
     for what, names in listing.items():
         if args.what in (None, what):

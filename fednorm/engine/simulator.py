@@ -19,9 +19,10 @@ from torch import nn
 from ..config import ExperimentConfig
 from ..data.federated import FederatedData, federated_data_from_config
 from ..errors import ConfigError, DivergenceError, RoundFailedError
-from ..methods import Method, get_method
+from ..methods import Method
 from ..models import get_model
 from ..nn.stacked import NotStackableError
+from ..optim.compose import build_method
 from .bank import ClientStateBank
 from .evaluation import evaluate
 from .executor import SequentialExecutor
@@ -44,6 +45,7 @@ def check_names(config: ExperimentConfig) -> None:
     from ..methods import METHODS
     from ..models import MODELS
     from ..nn.norms import NORMS
+    from ..optim import CLIENT_OPTIMIZERS, SERVER_OPTIMIZERS
 
     for registry, value, field_name in (
         (DATASETS, config.dataset, "dataset"),
@@ -51,6 +53,8 @@ def check_names(config: ExperimentConfig) -> None:
         (MODELS, config.model, "model"),
         (NORMS, config.norm, "norm"),
         (METHODS, config.method, "method"),
+        (CLIENT_OPTIMIZERS, config.client_opt, "client_opt"),
+        (SERVER_OPTIMIZERS, config.server_opt, "server_opt"),
     ):
         try:
             registry.get_builder(value)
@@ -116,7 +120,7 @@ class Simulation:
                 f"(model_args={config.model_args}, norm_args={config.norm_args}): {exc}"
             ) from None
         self.model.to(device=self.device, dtype=self.dtype)
-        self.method: Method = get_method(config.method, **config.method_args)
+        self.method: Method = build_method(config)  # the method, composed with client_opt / server_opt
         self.method.seed = config.seed
         self.method.setup(self.model)
         for module in self.model.modules():

@@ -1,0 +1,46 @@
+"""FL optimizers that compose with every method: client side (FedProx, SCAFFOLD, MOON) and
+server side (FedAvgM, FedAdam, FedYogi). See :func:`fednorm.optim.compose.compose`."""
+
+from .client import (
+    CLIENT_OPTIMIZERS,
+    ClientOptimizer,
+    FedProx,
+    Moon,
+    Scaffold,
+    get_client_optimizer,
+    list_client_optimizers,
+    register_client_optimizer,
+)
+from .compose import OptimizedMethod, build_method, compose
+from .server import (
+    SERVER_OPTIMIZERS,
+    FedAdam,
+    FedAvgM,
+    FedYogi,
+    ServerOptimizer,
+    get_server_optimizer,
+    list_server_optimizers,
+    register_server_optimizer,
+)
+
+__all__ = [
+    "CLIENT_OPTIMIZERS",
+    "SERVER_OPTIMIZERS",
+    "ClientOptimizer",
+    "ServerOptimizer",
+    "FedProx",
+    "Scaffold",
+    "Moon",
+    "FedAvgM",
+    "FedAdam",
+    "FedYogi",
+    "OptimizedMethod",
+    "compose",
+    "build_method",
+    "get_client_optimizer",
+    "get_server_optimizer",
+    "list_client_optimizers",
+    "list_server_optimizers",
+    "register_client_optimizer",
+    "register_server_optimizer",
+]

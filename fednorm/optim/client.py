@@ -1,0 +1,356 @@
+"""Client-side FL optimizers: FedProx, SCAFFOLD and MOON, as add-ons to any method.
+
+A client optimizer changes what a client minimises or remembers, never what is shared: it acts
+through the method hooks (``begin`` before local training, ``loss`` on each step's data loss,
+``end`` after training) and, on the server, ``server_update`` after aggregation. The composition
+in :mod:`fednorm.optim.compose` calls them after the wrapped method's own hooks, so FedProx or
+SCAFFOLD runs unchanged on top of FedAvg, FedBN or HBN.
+
+Which tensors they touch: the trainable parameters. SCAFFOLD corrects only *shared* parameters
+(a client-local parameter, such as FedBN's BN affine or HBN's alpha, has no server model to
+drift from); FedProx anchors every trainable parameter to its value at the start of the round
+(for local parameters, the client's own previous value).
+"""
+
+from __future__ import annotations
+
+import inspect
+import copy
+import warnings
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError
+from ..methods.base import ClientContext, ClientUpdates, Method
+from ..registry import Registry
+
+__all__ = [
+    "CLIENT_OPTIMIZERS",
+    "ClientOptimizer",
+    "FedProx",
+    "Scaffold",
+    "Moon",
+    "get_client_optimizer",
+    "list_client_optimizers",
+    "register_client_optimizer",
+]
+
+CLIENT_OPTIMIZERS: Registry[type["ClientOptimizer"]] = Registry("client optimizer")
+register_client_optimizer = CLIENT_OPTIMIZERS.register
+
+
+def list_client_optimizers(include: Any = None, exclude: Any = None) -> list[str]:
+    return CLIENT_OPTIMIZERS.list(include, exclude)
+
+
+def get_client_optimizer(name: str, **config: Any) -> "ClientOptimizer":
+    """Build a client optimizer from its name and its options (``client_opt_args``)."""
+    cls = CLIENT_OPTIMIZERS.get_builder(name)
+    try:
+        return cls(**{k: v for k, v in config.items() if v is not None})
+    except TypeError as exc:
+        valid = ", ".join(p for p in inspect.signature(cls.__init__).parameters if p != "self") or "none"
+        raise ConfigError(f"client_opt_args for '{name}': {exc} (valid options: {valid})") from None
+
+
+def _number(name: str, value: Any, *, low: float, low_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    if value < low or (low_open and value == low):
+        raise ConfigError(f"{name} must be {'>' if low_open else '>='} {low}, got {value!r}")
+    return float(value)
+
+
+class ClientOptimizer:
+    """Base class: does nothing. Subclasses set the ``uses_*`` flags of the hooks they override,
+    so the composition only overrides the method hooks that are needed (a method without client
+    hooks keeps the vectorized executor).
+
+    Hooks run inside the sequential executor, one client at a time: ``begin``, then ``loss`` once
+    per local step, then ``end`` (not reached when the client's training raises).
+    """
+
+    name: ClassVar[str] = "none"
+    uses_begin: ClassVar[bool] = False
+    uses_loss: ClassVar[bool] = False
+    uses_end: ClassVar[bool] = False
+
+    def setup(self, model: nn.Module, method: Method, num_clients: int, local_momentum: float = 0.0) -> None:
+        """Once, after the wrapped method's ``setup``: the shared/local split is known.
+
+        Args:
+            local_momentum: the clients' SGD momentum (fresh every round), 0 in DSGD mode.
+        """
+        shared = set(method.shared_keys)
+        self.trainable_keys = [n for n, p in model.named_parameters() if p.requires_grad]
+        self.shared_trainable_keys = [n for n in self.trainable_keys if n in shared]
+        self.num_clients = num_clients
+        self.local_momentum = float(local_momentum)
+
+    def begin(self, ctx: ClientContext) -> None: ...
+
+    def loss(self, ctx: ClientContext, model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
+        return loss
+
+    def end(self, ctx: ClientContext) -> None: ...
+
+    def server_update(self, server_round: int, updates: ClientUpdates) -> None:
+        """Server side, after aggregation (SCAFFOLD's global control variate)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def hparams(self) -> dict[str, Any]:
+        return {}
+
+
+@register_client_optimizer("none")
+class NoClientOptimizer(ClientOptimizer):
+    """Plain local SGD (the method's own local training)."""
+
+
+@register_client_optimizer("fedprox")
+class FedProx(ClientOptimizer):
+    """FedProx (Li et al. 2020, arXiv:1812.06127): local loss + (mu/2)·||w − w_start||².
+
+    ``w_start`` is the model the client starts the round with (the downloaded global model, plus
+    its own local tensors); the term covers every trainable parameter.
+
+    Args:
+        mu: proximal weight. The LN paper tunes {0.001, 0.01, 0.1, 1} and its note recommends
+            0.01; FedBN's paper uses 0.01 (spec/003_ln_fn.md §5 #10, spec/004_fedbn.md). mu = 0 is
+            FedAvg (a warning says so). (default: 0.01)
+    """
+
+    name = "fedprox"
+    uses_begin = True
+    uses_loss = True
+
+    def __init__(self, mu: float = 0.01) -> None:
+        self.mu = _number("fedprox mu", mu, low=0.0)
+        if self.mu == 0:
+            warnings.warn("fedprox with mu=0 is equivalent to FedAvg", stacklevel=3)
+        self._anchor: list[tuple[nn.Parameter, torch.Tensor]] = []
+
+    def begin(self, ctx: ClientContext) -> None:
+        params = dict(ctx.model.named_parameters())
+        self._anchor = [(params[k], params[k].detach().clone()) for k in self.trainable_keys]
+
+    def loss(self, ctx: ClientContext, model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
+        prox = sum(((p - w0) ** 2).sum() for p, w0 in self._anchor)
+        return loss + 0.5 * self.mu * prox
+
+    def end(self, ctx: ClientContext) -> None:
+        self._anchor = []
+
+    def hparams(self) -> dict[str, Any]:
+        return {"mu": self.mu}
+
+
+SCAFFOLD_PREFIX = "scaffold.c."
+SCAFFOLD_UPLOAD = "scaffold.dc."
+
+
+@register_client_optimizer("scaffold")
+class Scaffold(ClientOptimizer):
+    """SCAFFOLD (Karimireddy et al. 2020, arXiv:1910.06378) with Option II control variates.
+
+    Each local step descends ``g − c_i + c`` (the client's drift correction): the loss gets the
+    linear term ``Σ_p <c_p − c_i,p, w_p>``, whose gradient is exactly the constant correction.
+    After training, ``c_i⁺ = c_i − c + (x − y_i)/(K·lr)`` with ``K`` the local steps actually
+    taken; the client uploads ``Δc_i = c_i⁺ − c_i`` and the server sets
+    ``c ← c + (|S|/N)·mean_{i∈S} Δc_i``. The LN paper's released code never updates its control
+    variates (SCAFFOLD ≡ FedAvg there, spec/003_ln_fn.md §1.4); here they change every round.
+
+    ``c_i`` lives in the client state bank (``"scaffold.c.<param>"``, zero before a client's first
+    round), ``c`` on the server (checkpointed). Only shared trainable parameters are corrected.
+
+    Client momentum β (the HBN paper trains every method with 0.9): the correction is part of
+    the gradient that momentum accumulates (and that weight decay and clipping act on, as when an
+    implementation adds it to ``p.grad``). Option II divides the displacement by ``K·lr``, the
+    displacement per unit gradient of K plain SGD steps; with heavy-ball momentum K steps of a
+    constant gradient move ``lr·K_eff`` per unit with ``K_eff = Σ_{k=1..K} (1 − β^k)/(1 − β)``, so
+    ``K·lr`` overstates the gradient up to 1/(1 − β) = 10× at β = 0.9 and the run diverges. By
+    default (``momentum_aware=True``) the update divides by ``K_eff·lr``, which equals ``K·lr`` at
+    β = 0 (the paper's setting); ``momentum_aware=False`` is the literal Option II. Weight decay
+    and clipping are not compensated.
+    A client dropped after training (straggler, deadline) has already updated its ``c_i`` while
+    the server did not receive its ``Δc_i``, as in a real deployment.
+
+    Args:
+        momentum_aware: normalise by ``K_eff`` under client momentum (see above). (default: True)
+    """
+
+    name = "scaffold"
+    uses_begin = True
+    uses_loss = True
+    uses_end = True
+
+    def __init__(self, momentum_aware: bool = True) -> None:
+        if not isinstance(momentum_aware, bool):
+            raise ConfigError(f"scaffold momentum_aware must be true or false, got {momentum_aware!r}")
+        self.momentum_aware = momentum_aware
+        self.c: dict[str, torch.Tensor] = {}
+        self._params: list[tuple[str, nn.Parameter]] = []
+        self._correction: list[torch.Tensor] = []
+        self._steps = 0
+
+    def setup(self, model: nn.Module, method: Method, num_clients: int, local_momentum: float = 0.0) -> None:
+        super().setup(model, method, num_clients, local_momentum)
+        params = dict(model.named_parameters())
+        self.c = {k: torch.zeros_like(params[k]).detach() for k in self.shared_trainable_keys}
+        if not self.c:
+            warnings.warn("scaffold: no shared trainable parameter, so there is nothing to correct", stacklevel=3)
+
+    def client_variate(self, ctx: ClientContext, key: str) -> torch.Tensor:
+        ci = ctx.local_state.get(SCAFFOLD_PREFIX + key)
+        return torch.zeros_like(self.c[key]) if ci is None else ci
+
+    def begin(self, ctx: ClientContext) -> None:
+        params = dict(ctx.model.named_parameters())
+        self._params = [(k, params[k]) for k in self.c]
+        self._correction = [(self.c[k] - self.client_variate(ctx, k)).to(params[k].dtype) for k in self.c]
+        self._steps = 0
+
+    def loss(self, ctx: ClientContext, model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
+        self._steps += 1  # called once per local step
+        linear = sum((d * p).sum() for d, (_, p) in zip(self._correction, self._params))
+        return loss + linear
+
+    def effective_steps(self, steps: int) -> float:
+        """K, or K_eff = Σ_{k=1..K} (1 − β^k)/(1 − β) under client momentum β (momentum_aware)."""
+        beta = self.local_momentum if self.momentum_aware else 0.0
+        if beta == 0.0:
+            return float(steps)
+        return sum((1.0 - beta**k) / (1.0 - beta) for k in range(1, steps + 1))
+
+    def end(self, ctx: ClientContext) -> None:
+        steps, lr = self._steps, ctx.lr
+        k_eff = self.effective_steps(steps)
+        for key, p in self._params:
+            ci = self.client_variate(ctx, key)
+            if steps > 0:
+                drift = (ctx.global_state[key].double() - p.detach().double()) / (k_eff * lr)
+                new = (ci.double() - self.c[key].double() + drift).to(ci.dtype)
+            else:  # a client without samples took no step: nothing to learn from
+                new = ci.clone()
+            ctx.uploads[SCAFFOLD_UPLOAD + key] = new - ci
+            ctx.local_state[SCAFFOLD_PREFIX + key] = new
+        self._params, self._correction = [], []
+
+    def server_update(self, server_round: int, updates: ClientUpdates) -> None:
+        if len(updates) == 0:
+            return
+        scale = len(updates) / self.num_clients
+        for key, c in self.c.items():
+            delta = updates.extras[SCAFFOLD_UPLOAD + key].double().mean(dim=0)
+            self.c[key] = (c.double() + scale * delta).to(c.dtype)
+
+    def hparams(self) -> dict[str, Any]:
+        return {"momentum_aware": self.momentum_aware}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"c": {k: v.detach().cpu().clone() for k, v in self.c.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "c" in state:
+            self.c = {k: state["c"][k].to(device=v.device, dtype=v.dtype) for k, v in self.c.items()}
+
+
+MOON_PREFIX = "moon.prev."
+
+
+@register_client_optimizer("moon")
+class Moon(ClientOptimizer):
+    """MOON (Li, He & Song, CVPR 2021, arXiv:2103.16257): model-contrastive local loss.
+
+    ``loss += mu · −log( e^{sim(z, z_glob)/τ} / (e^{sim(z, z_glob)/τ} + e^{sim(z, z_prev)/τ}) )`` with
+    ``z`` the representation (``forward_features``, the input of the model's ``head``) of the
+    model being trained, ``z_glob`` that of the downloaded model and ``z_prev`` that of this
+    client's model at the end of its previous round (kept in the bank as ``"moon.prev.*"``; the
+    downloaded model before a client's first round, as MOON's code initialises it), ``sim`` the
+    cosine similarity. The two frozen models run in train mode without gradients, on the same
+    (augmented) batch. fednorm models have no projection head, so the representation is the
+    penultimate feature vector (MOON's "no projection head" ablation).
+
+    Args:
+        mu: weight of the contrastive term; MOON uses 5 on CIFAR-10 and 1 on CIFAR-100 and
+            Tiny-ImageNet (its code's default is 1). (default: 1.0)
+        temperature: tau. (default: 0.5, the paper's)
+    """
+
+    name = "moon"
+    uses_begin = True
+    uses_loss = True
+    uses_end = True
+
+    def __init__(self, mu: float = 1.0, temperature: float = 0.5) -> None:
+        self.mu = _number("moon mu", mu, low=0.0)
+        self.temperature = _number("moon temperature", temperature, low=0.0, low_open=True)
+        self._global: nn.Module | None = None
+        self._prev: nn.Module | None = None
+        self._hooks: list[Any] = []
+        self._batch: torch.Tensor | None = None
+        self._features: torch.Tensor | None = None
+
+    def setup(self, model: nn.Module, method: Method, num_clients: int, local_momentum: float = 0.0) -> None:
+        super().setup(model, method, num_clients, local_momentum)
+        if not (hasattr(model, "forward_features") and isinstance(getattr(model, "head", None), nn.Module)):
+            raise ConfigError("client optimizer 'moon' needs a model with forward_features and a head (every fednorm model has them)")
+        self._global = copy.deepcopy(model)
+        self._prev = copy.deepcopy(model)
+        for frozen in (self._global, self._prev):
+            frozen.requires_grad_(False)
+
+    def _remove_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def begin(self, ctx: ClientContext) -> None:
+        self._remove_hooks()  # a client whose training raised never reached end()
+        model = ctx.model
+        start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        prev = {k[len(MOON_PREFIX):]: v for k, v in ctx.local_state.items() if k.startswith(MOON_PREFIX)}
+        assert self._global is not None and self._prev is not None
+        self._global.load_state_dict(start)
+        self._prev.load_state_dict(prev if prev else start)
+
+        def grab_input(module: nn.Module, args: tuple) -> None:
+            self._batch = args[0]
+
+        def grab_features(module: nn.Module, args: tuple) -> None:
+            self._features = args[0]
+
+        self._hooks = [model.register_forward_pre_hook(grab_input), model.head.register_forward_pre_hook(grab_features)]
+
+    def contrastive(self, z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor) -> torch.Tensor:
+        """MOON Eq. 3 averaged over the batch."""
+        pos = F.cosine_similarity(z, z_glob, dim=1) / self.temperature
+        neg = F.cosine_similarity(z, z_prev, dim=1) / self.temperature
+        logits = torch.stack([pos, neg], dim=1)
+        return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
+
+    def loss(self, ctx: ClientContext, model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
+        assert self._batch is not None and self._features is not None and self._global is not None and self._prev is not None
+        with torch.no_grad():
+            self._global.train()
+            self._prev.train()
+            z_glob = self._global.forward_features(self._batch)
+            z_prev = self._prev.forward_features(self._batch)
+        z = self._features
+        self._batch = self._features = None
+        return loss + self.mu * self.contrastive(z, z_glob, z_prev)
+
+    def end(self, ctx: ClientContext) -> None:
+        self._remove_hooks()
+        self._batch = self._features = None
+        ctx.local_state.update({MOON_PREFIX + k: v.detach().clone() for k, v in ctx.model.state_dict().items()})
+
+    def hparams(self) -> dict[str, Any]:
+        return {"mu": self.mu, "temperature": self.temperature}

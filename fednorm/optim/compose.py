@@ -1,0 +1,211 @@
+"""Compose any method with a client optimizer and a server optimizer.
+
+``compose(HBN(), Scaffold(), FedYogi())`` is one :class:`~fednorm.methods.base.Method`: its client
+hooks call the wrapped method's hook and then the client optimizer's; its ``aggregate`` runs the
+wrapped method's aggregation, lets the client optimizer update its server state (SCAFFOLD's
+``c``), then moves the learnable parameters with the server optimizer while every buffer (BN
+statistics, counters, HBN's pooled statistics) keeps its aggregated value. Everything else (what
+stays local, personalized evaluation, HBN's evaluation protocol, the report) is the wrapped
+method's.
+
+A hook is overridden only when the wrapped method or the client optimizer uses it, so a server
+optimizer alone keeps a method on the vectorized executor; any client optimizer moves the run to
+the sequential executor (the client hooks act on one client's model).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..methods.base import ClientContext, ClientUpdates, Method
+from ..methods.registry import get_method
+from .client import ClientOptimizer, NoClientOptimizer, get_client_optimizer
+from .server import NoServerOptimizer, ServerOptimizer, get_server_optimizer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..config import ExperimentConfig
+
+__all__ = ["OptimizedMethod", "compose", "build_method"]
+
+
+class OptimizedMethod(Method):
+    """A method run with a client optimizer and a server optimizer (build it with :func:`compose`).
+
+    Attributes:
+        inner: the wrapped method; ``name``, ``personalized`` and the shared/local split are its.
+        client_opt, server_opt: the optimizers.
+        param_keys: shared keys of learnable parameters, the only ones the server optimizer moves.
+    """
+
+    def __init__(
+        self, inner: Method, client_opt: ClientOptimizer, server_opt: ServerOptimizer, num_clients: int, local_momentum: float = 0.0
+    ) -> None:
+        super().__init__()
+        self.local_momentum = local_momentum
+        self.inner = inner
+        self.client_opt = client_opt
+        self.server_opt = server_opt
+        self.num_clients = num_clients
+        self.name = inner.name  # type: ignore[misc]  # the norm layers' requires_method checks this
+        self.personalized = inner.personalized  # type: ignore[misc]
+        self.requires_lockstep = inner.requires_lockstep  # type: ignore[misc]
+        self.param_keys: list[str] = []
+
+    # -- model policy -----------------------------------------------------------------------
+    def setup(self, model: nn.Module) -> None:
+        self.inner.setup(model)
+        self.state_keys = list(self.inner.state_keys)
+        self.local_keys = set(self.inner.local_keys)
+        self.shared_keys = list(self.inner.shared_keys)
+        params = {n for n, _ in model.named_parameters()}
+        self.param_keys = [k for k in self.shared_keys if k in params]
+        self.client_opt.setup(model, self.inner, self.num_clients, self.local_momentum)
+
+    def select_local_keys(self, model: nn.Module) -> set[str]:
+        return self.inner.select_local_keys(model)
+
+    def initial_client_state(self, client_id: int, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.inner.initial_client_state(client_id, global_state)
+
+    # -- client hooks: installed per instance by compose() where needed -----------------------
+    def _begin(self, ctx: ClientContext) -> None:
+        self.inner.client_begin(ctx)
+        self.client_opt.begin(ctx)
+
+    def _loss(self, ctx: ClientContext, model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
+        return self.client_opt.loss(ctx, model, self.inner.client_loss(ctx, model, loss))
+
+    def _end(self, ctx: ClientContext) -> None:
+        self.inner.client_end(ctx)
+        self.client_opt.end(ctx)
+
+    # -- server -----------------------------------------------------------------------------
+    def configure_round(self, server_round: int, client_ids: list[int]) -> None:
+        self.inner.configure_round(server_round, client_ids)
+
+    def client_weights(self, updates: ClientUpdates) -> torch.Tensor:
+        return self.inner.client_weights(updates)
+
+    def aggregate(
+        self, server_round: int, global_state: dict[str, torch.Tensor], updates: ClientUpdates
+    ) -> dict[str, torch.Tensor]:
+        new = self.inner.aggregate(server_round, global_state, updates)
+        self.client_opt.server_update(server_round, updates)
+        params = {k: new[k] for k in self.param_keys if k in new}
+        new.update(self.server_opt.step(global_state, params))  # buffers keep the aggregated value
+        return new
+
+    def evaluation_state(self, sim: Any) -> dict[str, torch.Tensor]:
+        return self.inner.evaluation_state(sim)
+
+    def report(self, sim: Any) -> dict[str, Any]:
+        return self.inner.report(sim)
+
+    def comm_rounds_per_round(self, model: nn.Module) -> int:
+        return self.inner.comm_rounds_per_round(model)
+
+    def extra_bytes_per_client(self, model: nn.Module) -> tuple[int, int]:
+        return self.inner.extra_bytes_per_client(model)
+
+    def final_state(self, sim: Any) -> dict[str, torch.Tensor] | None:
+        return self.inner.final_state(sim)
+
+    # -- lockstep execution: the wrapped method's -------------------------------------------
+    def synced_steps(self, server_round: int) -> int:
+        return self.inner.synced_steps(server_round)
+
+    def sync_backward(self, server_round: int) -> bool:
+        return self.inner.sync_backward(server_round)
+
+    def reset_momentum_after_sync(self) -> bool:
+        return self.inner.reset_momentum_after_sync()
+
+    def frozen_statistics(self, server_round: int) -> bool:
+        return self.inner.frozen_statistics(server_round)
+
+    @property
+    def seed(self) -> int:  # type: ignore[override]
+        return self.inner.seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self.inner.seed = value
+
+    # -- checkpointing ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.inner.state_dict(),
+            "client_opt": self.client_opt.state_dict(),
+            "server_opt": self.server_opt.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state.get("method", {}))
+        self.client_opt.load_state_dict(state.get("client_opt", {}))
+        self.server_opt.load_state_dict(state.get("server_opt", {}))
+
+    # -- reporting --------------------------------------------------------------------------
+    def hparams(self) -> dict[str, Any]:
+        return self.inner.hparams()
+
+    def summary(self) -> str:
+        parts = [self.inner.summary()]
+        for opt in (self.client_opt, self.server_opt):
+            if opt.name != "none":
+                hp = ", ".join(f"{k}={v}" for k, v in opt.hparams().items())
+                parts.append(f"{opt.name}({hp})")
+        return " + ".join(parts)
+
+
+def _overrides(method: Method, hook: str) -> bool:
+    return getattr(type(method), hook) is not getattr(Method, hook)
+
+
+def compose(
+    method: Method,
+    client_opt: ClientOptimizer | None = None,
+    server_opt: ServerOptimizer | None = None,
+    *,
+    num_clients: int,
+    local_momentum: float = 0.0,
+) -> Method:
+    """``method`` with a client and a server optimizer; ``method`` itself when both are none.
+
+    Args:
+        method: any method (not yet set up).
+        client_opt: FedProx, SCAFFOLD, MOON or None.
+        server_opt: FedAvgM, FedAdam, FedYogi or None.
+        num_clients: N, SCAFFOLD's ``|S|/N`` scaling of the control-variate update.
+        local_momentum: the clients' SGD momentum (SCAFFOLD's momentum-aware update).
+    """
+    client_opt = client_opt or NoClientOptimizer()
+    server_opt = server_opt or NoServerOptimizer()
+    if client_opt.name == "none" and server_opt.name == "none":
+        return method
+    hooks: dict[str, Any] = {}
+    for hook, impl, used in (
+        ("client_begin", OptimizedMethod._begin, client_opt.uses_begin),
+        ("client_loss", OptimizedMethod._loss, client_opt.uses_loss),
+        ("client_end", OptimizedMethod._end, client_opt.uses_end),
+    ):
+        if used or _overrides(method, hook):
+            hooks[hook] = impl
+    # The executors decide by the class's hooks (vectorization_blockers, has_client_loss), so
+    # the composition is a class with exactly the hooks it needs.
+    cls = type(f"Optimized{type(method).__name__}", (OptimizedMethod,), hooks)
+    return cls(method, client_opt, server_opt, num_clients, local_momentum)
+
+
+def build_method(config: "ExperimentConfig") -> Method:
+    """The method of an experiment: ``method`` with ``client_opt`` and ``server_opt`` (and their args)."""
+    method = get_method(config.method, **config.method_args)
+    return compose(
+        method,
+        get_client_optimizer(config.client_opt, **config.client_opt_args),
+        get_server_optimizer(config.server_opt, **config.server_opt_args),
+        num_clients=config.num_clients,
+        local_momentum=0.0 if config.dsgd else config.momentum,  # DSGD's persistent momentum is an average, not heavy ball
+    )
