@@ -22,6 +22,7 @@ from ..errors import ConfigError, DivergenceError, RoundFailedError
 from ..methods import Method, get_method
 from ..models import get_model
 from ..nn.stacked import NotStackableError
+from ..robust import get_aggregator, get_attack
 from .bank import ClientStateBank
 from .evaluation import evaluate
 from .executor import SequentialExecutor
@@ -125,6 +126,9 @@ class Simulation:
                     f"norm '{config.norm}' ({type(module).__name__}) only works under method '{needed}', which "
                     f"supplies its statistics; got method '{config.method}'"
                 )
+        # Byzantine robustness (FBN issue): the server's aggregation rule and the attack, if any.
+        self.method.aggregator = get_aggregator(config.aggregator, f=config.num_byzantine, nnm=config.nnm)
+        self.attack = get_attack(config.attack, config.num_byzantine, config.attack_targets, config.attack_args, first_id=config.num_clients)
         if self.method.requires_lockstep:
             raise ConfigError(f"method '{config.method}' needs a lockstep executor, which this build does not provide")
         self.global_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -250,6 +254,8 @@ class Simulation:
         if len(keep) < len(updates):
             updates = updates.subset(keep)
         updates.check({k: self.global_state[k] for k in self.method.shared_keys})
+        if self.attack is not None:  # Byzantine rows, computed from the honest ones (fednorm.robust.attacks)
+            updates = self.attack(updates, self.global_state, self.method)
         new_shared = self.method.aggregate(server_round, self.global_state, updates)
         for key, value in new_shared.items():
             if value.is_floating_point() and not torch.isfinite(value).all():

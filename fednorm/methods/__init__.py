@@ -4,6 +4,8 @@ from .base import ClientContext, ClientUpdates, Method, weighted_average
 from .fedavg import FedAvg
 from .fedbn import FedBN, SiloBN
 from .hbn import HBN
+from .fbn import FBN
+from .fixbn import FixBN
 from .registry import METHODS, get_method, list_methods, register_method
 
 __all__ = [
@@ -15,6 +17,8 @@ __all__ = [
     "FedBN",
     "SiloBN",
     "HBN",
+    "FBN",
+    "FixBN",
     "METHODS",
     "get_method",
     "list_methods",

@@ -16,7 +16,22 @@ from ..errors import ConfigError
 from .base import ClientUpdates, Method
 from .registry import register_method
 
-__all__ = ["FedAvg"]
+__all__ = ["FedAvg", "aggregate_group"]
+
+
+def aggregate_group(aggregator: Any, stacked: dict[str, torch.Tensor], weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Aggregate tensors ``[K, *shape]`` as one concatenated vector per client, split back."""
+    keys = list(stacked)
+    k = next(iter(stacked.values())).shape[0]
+    flat = torch.cat([stacked[key].reshape(k, -1).double() for key in keys], dim=1)
+    agg = aggregator(flat, weights)
+    out, start = {}, 0
+    for key in keys:
+        ref = stacked[key]
+        n = ref[0].numel()
+        out[key] = agg[start : start + n].reshape(ref.shape[1:]).to(ref.dtype)
+        start += n
+    return out
 
 
 @register_method("fedavg")
@@ -51,7 +66,27 @@ class FedAvg(Method):
         weights = self.client_weights(updates)
         if float(weights.sum()) <= 0:
             return {k: global_state[k].clone() for k in self.shared_keys}
+        if self.aggregator is not None and not self.aggregator.is_mean:
+            return self.robust_aggregate(updates, weights, self.shared_keys)
         return super().aggregate(server_round, global_state, updates)
+
+    def robust_aggregate(self, updates: ClientUpdates, weights: torch.Tensor, keys: list[str]) -> dict[str, torch.Tensor]:
+        """``keys`` aggregated with :attr:`aggregator`, in three groups: statistics means,
+        statistics variances (robust naive BN, spec/002_fbn.md §8.4) and all other floating
+        tensors (the model update). Each group is one vector per client, so NNM measures
+        distances over the whole group; integer tensors take the maximum."""
+        stats = self.statistics_keys()
+        means = [k for k in keys if k in set(stats["mean"])]
+        variances = [k for k in keys if k in set(stats["var"])]
+        grouped = set(means) | set(variances)
+        floating = [k for k in keys if k not in grouped and updates.states[k].is_floating_point()]
+        out = {k: updates.states[k].max(dim=0).values for k in keys if not updates.states[k].is_floating_point()}
+        for group in (means, variances, floating):
+            if group:
+                out.update(aggregate_group(self.aggregator, {k: updates.states[k] for k in group}, weights))
+        for k in variances:
+            out[k] = out[k].clamp_min(0)
+        return out
 
     def hparams(self) -> dict[str, Any]:
         return {"weighting": self.weighting}
