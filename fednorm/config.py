@@ -79,6 +79,9 @@ class ExperimentConfig(BaseModel):
         "mean", description="server rule for model updates and BN statistics: mean, median, trimmed_mean"
     )
     nnm: bool = Field(False, description="nearest-neighbour mixing (K - num_byzantine neighbours) before the aggregator")
+    robust_targets: Literal["stats", "updates", "both"] = Field(
+        "both", description="what the aggregator combines robustly: BN statistics, model updates, or both (others: mean)"
+    )
     attack: str = Field("none", description="Byzantine attack: none, sign_flip, foe, alie")
     num_byzantine: int = Field(
         0, ge=0, description="f: Byzantine clients added to each round when attack is set (they hold no data), "

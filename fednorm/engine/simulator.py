@@ -127,7 +127,9 @@ class Simulation:
                     f"supplies its statistics; got method '{config.method}'"
                 )
         # Byzantine robustness (FBN issue): the server's aggregation rule and the attack, if any.
-        self.method.aggregator = get_aggregator(config.aggregator, f=config.num_byzantine, nnm=config.nnm)
+        rule = get_aggregator(config.aggregator, f=config.num_byzantine, nnm=config.nnm)
+        self.method.aggregator = rule if config.robust_targets in ("updates", "both") else None
+        self.method.stats_aggregator = rule if config.robust_targets in ("stats", "both") else None
         self.attack = get_attack(config.attack, config.num_byzantine, config.attack_targets, config.attack_args, first_id=config.num_clients)
         if self.method.requires_lockstep:
             raise ConfigError(f"method '{config.method}' needs a lockstep executor, which this build does not provide")

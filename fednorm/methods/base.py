@@ -151,9 +151,16 @@ class Method:
         self.local_keys: set[str] = set()
         self.shared_keys: list[str] = []
         self.stat_keys: dict[str, list[str]] = {"mean": [], "var": []}
-        # The server's aggregation rule (fednorm.robust.Aggregator); None or a plain mean is
-        # FedAvg's weighted mean. The simulator sets it from the config (``aggregator``, ``nnm``).
+        # The server's aggregation rules (fednorm.robust.Aggregator) for model updates and for
+        # normalization statistics; None or a plain mean is FedAvg's weighted mean. The simulator
+        # sets them from the config (``aggregator``, ``nnm``, ``robust_targets``).
         self.aggregator: Any = None
+        self.stats_aggregator: Any = None
+
+    @property
+    def robust(self) -> bool:
+        """Whether a non-mean aggregation rule is set for updates or statistics."""
+        return any(a is not None and not a.is_mean for a in (self.aggregator, self.stats_aggregator))
 
     # -- model policy -----------------------------------------------------------------------
     def setup(self, model: nn.Module) -> None:

@@ -31,7 +31,9 @@ Design choices (spec §4, §8.4, §10; docs/fbn.md):
   ``σ̂²_run = max(Agg(NNM(v_i)), 0)`` with the per-client corrected variance
   ``v_i = σ̂²_run^(i) + (c/β)(ū_run^(i) − ū_run)²`` (unbiasing as above). Under the mean this
   is exactly Eq. 9–10. ``robust_variance: literal`` gives the alternative reading
-  ``Agg(σ̂²_run^(i)) + (c/β)·Agg((ū_run^(i) − ū_run)²)``. The same aggregator combines the weights.
+  ``Agg(σ̂²_run^(i)) + (c/β)·Agg((ū_run^(i) − ū_run)²)``. By default (``robust_targets: both``)
+  the same rule also combines the weights (the spec: "the same NNM + Agg to the client
+  momentums"); ``robust_targets: stats`` keeps the weights' mean.
 * Weights (α, ζ and the rest) are averaged uniformly by default, as in the paper (1/n).
 """
 
@@ -165,7 +167,7 @@ class FBN(FedAvg):
         weights = self.client_weights(updates)
         if float(weights.sum()) <= 0:
             return {k: global_state[k].clone() for k in self.shared_keys}
-        if self.aggregator is not None and not self.aggregator.is_mean:
+        if self.robust:
             new = self.robust_aggregate(updates, weights, [k for k in self.shared_keys if k not in stat_keys])
         else:
             new = super().aggregate(server_round, global_state, updates)
@@ -208,7 +210,7 @@ class FBN(FedAvg):
         self, rows: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], var0: dict[str, torch.Tensor], decay: dict[str, Any]
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """One step of Eq. 9–10 over the clients' one-step copies, plain or robust."""
-        agg = self.aggregator
+        agg = self.stats_aggregator
         robust = agg is not None and not agg.is_mean
         if not robust:
             means, variances = {}, {}
@@ -231,4 +233,4 @@ class FBN(FedAvg):
 
     def hparams(self) -> dict[str, Any]:
         return {"mode": self.mode, "robust_variance": self.robust_variance, "weighting": self.weighting,
-                "aggregator": str(self.aggregator) if self.aggregator is not None else "mean"}
+                "aggregator": str(self.aggregator or "mean"), "stats_aggregator": str(self.stats_aggregator or "mean")}

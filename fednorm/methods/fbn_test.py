@@ -131,7 +131,7 @@ def test_robust_fbn_under_sign_flip_f8():
     state["1.running_mean"] += 5.0  # after warm-up the honest copies cluster near the shared mean
     honest = _fbn_round_updates(method, net, state, [4] * 7, seed=2)
     exact = method.aggregate(1, state, honest)
-    method.aggregator = get_aggregator("mean")
+    method.stats_aggregator = get_aggregator("mean")
     assert all(torch.equal(exact[k], v) for k, v in method.aggregate(1, state, honest).items())
     attacked = get_attack("sign_flip", 3, "stats", {"variance": True}, first_id=7)(honest, state, method)
     lo = honest.extras["fbn.1.mean"][:, 0].min(0).values
@@ -139,14 +139,14 @@ def test_robust_fbn_under_sign_flip_f8():
     mean = method.aggregate(1, state, attacked)["1.running_mean"]
     assert ((mean < lo) | (mean > hi)).any()
     for rule, use_nnm in (("median", False), ("median", True), ("trimmed_mean", False), ("trimmed_mean", True)):
-        method.aggregator = get_aggregator(rule, f=3, nnm=use_nnm)
+        method.stats_aggregator = get_aggregator(rule, f=3, nnm=use_nnm)
         new = method.aggregate(1, state, attacked)
         assert ((new["1.running_mean"] >= lo - 1e-12) & (new["1.running_mean"] <= hi + 1e-12)).all(), rule
         assert (new["1.running_var"] >= 0).all() and (new["4.running_var"] >= 0).all()
     for variant in ("two_stage", "literal"):  # with no attack the robust rules stay close to FBN
         m = get_method("fbn", robust_variance=variant)
         m.setup(net)
-        m.aggregator = get_aggregator("median", f=3)
+        m.stats_aggregator = get_aggregator("median", f=3)
         new = m.aggregate(1, state, honest)
         assert (new["1.running_var"] - exact["1.running_var"]).abs().max() < 0.3 * exact["1.running_var"].max()
 

@@ -66,24 +66,27 @@ class FedAvg(Method):
         weights = self.client_weights(updates)
         if float(weights.sum()) <= 0:
             return {k: global_state[k].clone() for k in self.shared_keys}
-        if self.aggregator is not None and not self.aggregator.is_mean:
+        if self.robust:
             return self.robust_aggregate(updates, weights, self.shared_keys)
         return super().aggregate(server_round, global_state, updates)
 
     def robust_aggregate(self, updates: ClientUpdates, weights: torch.Tensor, keys: list[str]) -> dict[str, torch.Tensor]:
-        """``keys`` aggregated with :attr:`aggregator`, in three groups: statistics means,
-        statistics variances (robust naive BN, spec/002_fbn.md §8.4) and all other floating
-        tensors (the model update). Each group is one vector per client, so NNM measures
-        distances over the whole group; integer tensors take the maximum."""
+        """``keys`` aggregated in three groups: statistics means and statistics variances with
+        :attr:`stats_aggregator` (robust naive BN, spec/002_fbn.md §8.4), all other floating
+        tensors (the model update) with :attr:`aggregator`. Each group is one vector per client,
+        so NNM measures distances over the whole group; integer tensors take the maximum."""
         stats = self.statistics_keys()
         means = [k for k in keys if k in set(stats["mean"])]
         variances = [k for k in keys if k in set(stats["var"])]
         grouped = set(means) | set(variances)
         floating = [k for k in keys if k not in grouped and updates.states[k].is_floating_point()]
         out = {k: updates.states[k].max(dim=0).values for k in keys if not updates.states[k].is_floating_point()}
-        for group in (means, variances, floating):
+        from ..robust import get_aggregator
+
+        plain = get_aggregator("mean")
+        for group, agg in ((means, self.stats_aggregator), (variances, self.stats_aggregator), (floating, self.aggregator)):
             if group:
-                out.update(aggregate_group(self.aggregator, {k: updates.states[k] for k in group}, weights))
+                out.update(aggregate_group(agg or plain, {k: updates.states[k] for k in group}, weights))
         for k in variances:
             out[k] = out[k].clamp_min(0)
         return out
