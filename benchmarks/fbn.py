@@ -141,7 +141,7 @@ def main() -> None:
     base = dict(dataset="cifar10", data_dir=data_dir(args.data_dir), partition="gamma", num_clients=10, model="fbn_cnn_small",
                 dsgd=True, batch_size=50, rounds=T, lr=0.1, lr_milestones=[T // 3 + 1, 2 * T // 3 + 1], lr_gamma=0.5,
                 momentum=args.momentum, eval_every=max(T // 6, 1), threads=1, checkpoint_every=0, seed=0, augment=False,
-                out=f"/tmp/fednorm-bench-fbn", channels_last=True)
+                out="/tmp/fednorm-bench-fbn", channels_last=True)
     plan: list[tuple[str, dict[str, Any]]] = []
     for g in [float(x) for x in args.gammas.split(",")]:
         plan += [
@@ -168,6 +168,10 @@ def main() -> None:
                                                      "aggregator": "median", "nnm": True}),
         (f"robust gamma={rg:g} fbn SF f=3 nnm+median (stats only)", {**robust, "attack": "sign_flip", "num_byzantine": 3,
                                                                   "aggregator": "median", "nnm": True, "robust_targets": "stats"}),
+        # ... and with the paper's client momentum 0.99 (less heterogeneous client momentums)
+        (f"robust gamma={rg:g} fbn no attack m=0.99", {**robust, "momentum": 0.99}),
+        (f"robust gamma={rg:g} fbn SF f=3 median m=0.99", {**robust, "attack": "sign_flip", "num_byzantine": 3,
+                                                        "aggregator": "median", "momentum": 0.99}),
     ]
     only = None if args.only is None else {s.strip() for s in args.only.split(",")}
     results = []
