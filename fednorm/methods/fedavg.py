@@ -3,6 +3,10 @@
 With BatchNorm this is the papers' common baseline "FedAvg + BN": running statistics are
 averaged like weights, which is biased under non-IID data (FBN §3, FedTAN §2, HBN Eq. 3).
 ``num_batches_tracked`` (an integer counter) takes the maximum over clients.
+
+With a robust rule set on the method (``aggregator``/``stats_aggregator``, from the config's
+``aggregator``, ``nnm`` and ``robust_targets``; :mod:`fednorm.robust`), the model update and the
+BN statistics are combined by that rule instead (:meth:`FedAvg.robust_aggregate`).
 """
 
 from __future__ import annotations
