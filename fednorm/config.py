@@ -89,6 +89,50 @@ class ExperimentConfig(BaseModel):
         "averaged by the server; momentum is then the clients' persistent momentum",
     )
 
+    # --- Byzantine robustness (FBN issue: robust aggregators and attacks; docs/fbn.md) -------
+    aggregator: str = Field(
+        "mean", description="server rule for model updates and BN statistics: mean, median, trimmed_mean"
+    )
+    nnm: bool = Field(False, description="nearest-neighbour mixing (K - num_byzantine neighbours) before the aggregator")
+    robust_targets: Literal["stats", "updates", "both"] = Field(
+        "both", description="what the aggregator combines robustly: BN statistics, model updates, or both (others: mean)"
+    )
+    attack: str = Field("none", description="Byzantine attack: none, sign_flip, foe, alie")
+    num_byzantine: int = Field(
+        0, ge=0, description="f: Byzantine clients added to each round when attack is set (they hold no data), "
+        "and the bound trimmed_mean/nnm assume",
+    )
+    attack_args: dict[str, Any] = Field(default_factory=dict, description="attack options, e.g. {tau: 3} (foe), {variance: true}")
+    attack_targets: Literal["stats", "updates", "both"] = Field(
+        "stats", description="what Byzantine clients corrupt: BN statistics (running means), model updates, or both"
+    )
+
+    @field_validator("aggregator", "attack")
+    @classmethod
+    def _robust_names(cls, value: str, info: ValidationInfo) -> str:
+        from .robust import AGGREGATORS, ATTACKS
+
+        value = value.strip().lower().replace("-", "_")
+        if info.field_name == "attack" and value == "none":
+            return value
+        registry = AGGREGATORS if info.field_name == "aggregator" else ATTACKS
+        try:
+            registry.get_builder(value)
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _check_byzantine(self) -> "ExperimentConfig":
+        if self.attack != "none" and self.num_byzantine < 1:
+            raise ValueError(f"attack '{self.attack}' needs num_byzantine >= 1")
+        if self.num_byzantine and self.num_byzantine >= self.sampled_per_round:
+            raise ValueError(
+                f"num_byzantine={self.num_byzantine} must be below the honest clients per round "
+                f"({self.sampled_per_round}): robust aggregation needs f < n/2 of the n = honest + f clients"
+            )
+        return self
+
     # --- evaluation -------------------------------------------------------------------------
     eval_every: int = Field(1, ge=1, description="evaluate every N rounds (the last round is always evaluated)")
     eval_batch_size: int = Field(1024, ge=1, description="batch size for evaluation")

@@ -23,6 +23,7 @@ from ..methods import Method
 from ..models import get_model
 from ..nn.stacked import NotStackableError
 from ..optim.compose import build_method
+from ..robust import get_aggregator, get_attack
 from .bank import ClientStateBank
 from .evaluation import evaluate
 from .executor import SequentialExecutor
@@ -130,6 +131,13 @@ class Simulation:
                     f"norm '{config.norm}' ({type(module).__name__}) only works under method '{needed}', which "
                     f"supplies its statistics; got method '{config.method}'"
                 )
+        # Byzantine robustness (FBN issue): the server's aggregation rule and the attack, if any.
+        # The rule belongs to the aggregating method (the wrapped one under client/server optimizers).
+        rule = get_aggregator(config.aggregator, f=config.num_byzantine, nnm=config.nnm)
+        aggregating = getattr(self.method, "inner", self.method)
+        aggregating.aggregator = rule if config.robust_targets in ("updates", "both") else None
+        aggregating.stats_aggregator = rule if config.robust_targets in ("stats", "both") else None
+        self.attack = get_attack(config.attack, config.num_byzantine, config.attack_targets, config.attack_args, first_id=config.num_clients)
         self.global_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.bank = ClientStateBank(self.device)
         self.spec = LocalSpec(
@@ -264,6 +272,8 @@ class Simulation:
         if len(keep) < len(updates):
             updates = updates.subset(keep)
         updates.check({k: self.global_state[k] for k in self.method.shared_keys})
+        if self.attack is not None:  # Byzantine rows, computed from the honest ones (fednorm.robust.attacks)
+            updates = self.attack(updates, self.global_state, self.method)
         new_shared = self.method.aggregate(server_round, self.global_state, updates)
         for key, value in new_shared.items():
             if value.is_floating_point() and not torch.isfinite(value).all():

@@ -5,6 +5,8 @@ from .fedavg import FedAvg
 from .fedbn import FedBN, SiloBN
 from .fedtan import FedTAN, FedTANForward
 from .hbn import HBN
+from .fbn import FBN
+from .fixbn import FixBN
 from .registry import METHODS, get_method, list_methods, register_method
 
 __all__ = [
@@ -18,6 +20,8 @@ __all__ = [
     "FedTAN",
     "FedTANForward",
     "HBN",
+    "FBN",
+    "FixBN",
     "METHODS",
     "get_method",
     "list_methods",

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import InconsistentUpdateError
+from ..nn.state import state_keys
 
 __all__ = ["ClientContext", "ClientUpdates", "Method", "weighted_average"]
 
@@ -151,6 +152,17 @@ class Method:
         self.state_keys: list[str] = []
         self.local_keys: set[str] = set()
         self.shared_keys: list[str] = []
+        self.stat_keys: dict[str, list[str]] = {"mean": [], "var": []}
+        # The server's aggregation rules (fednorm.robust.Aggregator) for model updates and for
+        # normalization statistics; None or a plain mean is FedAvg's weighted mean. The simulator
+        # sets them from the config (``aggregator``, ``nnm``, ``robust_targets``).
+        self.aggregator: Any = None
+        self.stats_aggregator: Any = None
+
+    @property
+    def robust(self) -> bool:
+        """Whether a non-mean aggregation rule is set for updates or statistics."""
+        return any(a is not None and not a.is_mean for a in (self.aggregator, self.stats_aggregator))
 
     # -- model policy -----------------------------------------------------------------------
     def setup(self, model: nn.Module) -> None:
@@ -158,6 +170,19 @@ class Method:
         self.state_keys = list(model.state_dict().keys())
         self.local_keys = set(self.select_local_keys(model))
         self.shared_keys = [k for k in self.state_keys if k not in self.local_keys]
+        shared = set(self.shared_keys)
+        bn = lambda m: isinstance(m, nn.modules.batchnorm._BatchNorm)  # noqa: E731
+        self.stat_keys = {
+            "mean": sorted(shared & state_keys(model, bn, which="buffers", names=("running_mean",))),
+            "var": sorted(shared & state_keys(model, bn, which="buffers", names=("running_var",))),
+        }
+
+    def statistics_keys(self) -> dict[str, list[str]]:
+        """Keys of the normalization statistics a client sends, in ``updates.states`` or
+        ``updates.extras``: ``{"mean": [...], "var": [...]}``. Attacks on statistics and robust
+        aggregation of statistics act on these (default: the shared BatchNorm running means
+        and variances, selected by module type)."""
+        return self.stat_keys
 
     def select_local_keys(self, model: nn.Module) -> set[str]:
         """State-dict keys that never leave a client (select by module type)."""

@@ -20,6 +20,15 @@ from .hbn import (  # registers the "hbn" norm
     convert_to_hybrid,
     hybrid_batch_norm,
 )
+from .fbn import (  # registers the "fbn" norm
+    FederatedBatchNorm,
+    FederatedBatchNorm1d,
+    FederatedBatchNorm2d,
+    fbn_aggregate,
+    fbn_local_update,
+    federated_batch_norm,
+    recording_fbn_statistics,
+)
 from .feature_norm import FeatureNorm, FeatureNormClassifier, feature_norm, with_feature_norm
 
 __all__ = [
@@ -46,6 +55,13 @@ __all__ = [
     "convert_to_batchnorm",
     "convert_to_hybrid",
     "hybrid_batch_norm",
+    "FederatedBatchNorm",
+    "FederatedBatchNorm1d",
+    "FederatedBatchNorm2d",
+    "fbn_aggregate",
+    "fbn_local_update",
+    "federated_batch_norm",
+    "recording_fbn_statistics",
     "FeatureNorm",
     "FeatureNormClassifier",
     "feature_norm",

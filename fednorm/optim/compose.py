@@ -110,6 +110,9 @@ class OptimizedMethod(Method):
     def extra_bytes_per_client(self, model: nn.Module) -> tuple[int, int]:
         return self.inner.extra_bytes_per_client(model)
 
+    def statistics_keys(self) -> dict[str, list[str]]:
+        return self.inner.statistics_keys()
+
     def final_state(self, sim: Any) -> dict[str, torch.Tensor] | None:
         return self.inner.final_state(sim)
 

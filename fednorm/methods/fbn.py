@@ -1,0 +1,236 @@
+"""FBN: Federated BatchNorm and robust FBN (Guerraoui et al. 2024; spec/002_fbn.md).
+
+Every client normalises with the shared running statistics of the previous round (the FBN
+layers' buffers, :mod:`fednorm.nn.fbn`); during local training the layers record each batch's
+``(count, mean, biased var)``; at the end of the round the client uploads its local copy of the
+running statistics (Algorithm 2, steps 5–7) besides its weights, and the server aggregates them
+with the between-client correction (Eq. 9–10) so that the shared statistics equal centralized
+BatchNorm's running statistics on the union of the clients' batches.
+
+Design choices (spec §4, §8.4, §10; docs/fbn.md):
+
+* **Unbiasing factor on the server** (spec §4 [rec], B3, B11). Clients upload Eq. 6 *without*
+  the ``Kn/(Kn−1)`` factor (a client cannot know the global count when clients drop out or hold
+  unequal batches) together with their count K_i; the server applies ``c = M/(M−1)``,
+  ``M = ΣK_i``, and count weights ``K_i/M``. With equal counts and the plain mean this is exactly
+  Algorithm 2.
+* **DSGD** (``dsgd: true``, one step per round) is the paper's setting (Algorithm 3); both modes
+  below coincide there.
+* **More local steps** (not in the paper, spec §4 / B1), ``mode``:
+
+  - ``exact`` (default; the spec's ``fbn_exact``): every step of the round normalises with the
+    round-start statistics; the client uploads one one-step local copy per step (``[E, C]``);
+    the server aggregates each step with Eq. 9–10 and replays the centralized EMA over the E
+    union batches. Exact for any E (claim F10). Needs the same E on every client (use
+    ``dsgd`` or ``local_steps``).
+  - ``literal`` (``fbn_literal``): the client applies steps 5–6 E times from the shared
+    statistics and uploads the result; the server applies Eq. 9–10 once. Exact only for E = 1:
+    the between-client term then mixes E steps, so the β-correction is no longer exact.
+* **Robust FBN** (``aggregator``/``nnm`` in the config; spec §8.4 [rec], two-stage rule):
+  ``ū_run = Agg(NNM(ū_run^(i)))`` over each client's vector of all layers' means, then
+  ``σ̂²_run = max(Agg(NNM(v_i)), 0)`` with the per-client corrected variance
+  ``v_i = σ̂²_run^(i) + (c/β)(ū_run^(i) − ū_run)²`` (unbiasing as above). Under the mean this
+  is exactly Eq. 9–10. ``robust_variance: literal`` gives the alternative reading
+  ``Agg(σ̂²_run^(i)) + (c/β)·Agg((ū_run^(i) − ū_run)²)``. By default (``robust_targets: both``)
+  the same rule also combines the weights (the spec: "the same NNM + Agg to the client
+  momentums"); ``robust_targets: stats`` keeps the weights' mean.
+* Weights (α, ζ and the rest) are averaged uniformly by default, as in the paper (1/n).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from ..nn.fbn import FederatedBatchNorm, attach_fbn_recorders, detach_fbn_recorders, fbn_local_update, fbn_modules
+from .base import ClientContext, ClientUpdates
+from .fedavg import FedAvg, aggregate_group
+from .registry import register_method
+
+__all__ = ["FBN", "corrected_variance"]
+
+
+def corrected_variance(
+    count: torch.Tensor,
+    local_mean: torch.Tensor,
+    local_var: torch.Tensor,
+    shared_var: torch.Tensor,
+    mean: torch.Tensor,
+    momentum: float,
+    decay: torch.Tensor | float,
+) -> torch.Tensor:
+    """Per-client corrected variance ``v_i`` whose count-weighted mean is Eq. 10 (spec §4, §8.4).
+
+    ``v_i = a·σ̂²_run + c·(σ̂²_run^(i) − a·σ̂²_run) + (c/β)·(ū_run^(i) − ū)²`` with ``c = M/(M−1)``,
+    ``M = Σ count``, ``a = decay`` (``1 − β`` for a one-step copy). ``local_var`` holds copies
+    made with biased batch variances (c = 1), so ``c`` unbiases the batch part only (Eq. 6).
+    """
+    total = count.double().sum()
+    c = total / (total - 1)
+    base = decay * shared_var.double()
+    return base + c * (local_var.double() - base) + (c / momentum) * (local_mean.double() - mean) ** 2
+
+
+@register_method("fbn")
+class FBN(FedAvg):
+    """Federated BatchNorm: shared running statistics, exact aggregation (Eq. 9–10), optionally robust.
+
+    Args:
+        mode: ``"exact"`` (replay the centralized EMA over the round's steps) or ``"literal"``
+            (Algorithm 2 applied once per round to E-step local copies); identical under DSGD.
+            (default: ``"exact"``)
+        robust_variance: robust rule for the variance: ``"two_stage"`` (aggregate the
+            per-client corrected variances, spec §8.4 [rec]) or ``"literal"``. (default:
+            ``"two_stage"``)
+        weighting: weights of the model average (default: ``"uniform"``, the paper's 1/n).
+    """
+
+    name = "fbn"
+
+    def __init__(
+        self,
+        mode: Literal["exact", "literal"] = "exact",
+        robust_variance: Literal["two_stage", "literal"] = "two_stage",
+        weighting: Literal["num_examples", "uniform"] = "uniform",
+    ) -> None:
+        super().__init__(weighting=weighting)
+        if mode not in ("exact", "literal"):
+            raise ConfigError(f"Unknown value '{mode}' for argument mode. Valid values are {{exact, literal}}")
+        if robust_variance not in ("two_stage", "literal"):
+            raise ConfigError(
+                f"Unknown value '{robust_variance}' for argument robust_variance. Valid values are {{two_stage, literal}}"
+            )
+        self.mode = mode
+        self.robust_variance = robust_variance
+        self.layers: list[str] = []
+        self.momenta: dict[str, float] = {}
+        self._records: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+
+    # -- model policy -----------------------------------------------------------------------
+    def setup(self, model: nn.Module) -> None:
+        layers = fbn_modules(model)
+        if not layers:
+            raise ConfigError("method 'fbn' needs FBN layers: use norm 'fbn' (FederatedBatchNorm2d/1d)")
+        others = [n for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, FederatedBatchNorm)]
+        if others:
+            raise ConfigError(f"method 'fbn' found BatchNorm layers that are not FBN ({others[:3]}); use norm 'fbn' throughout")
+        self.layers = [n for n, _ in layers]
+        self.momenta = {n: float(m.momentum) for n, m in layers}  # type: ignore[arg-type]
+        super().setup(model)
+
+    def statistics_keys(self) -> dict[str, list[str]]:
+        """FBN's statistics travel as uploads: the clients' local copies (Algorithm 2, step 7)."""
+        return {"mean": [f"fbn.{n}.mean" for n in self.layers], "var": [f"fbn.{n}.var" for n in self.layers]}
+
+    # -- client -----------------------------------------------------------------------------
+    def client_begin(self, ctx: ClientContext) -> None:
+        self._records = attach_fbn_recorders(ctx.model)
+
+    def client_end(self, ctx: ClientContext) -> None:
+        records, self._records = self._records, {}
+        detach_fbn_recorders(ctx.model)
+        for name in self.layers:
+            ctx.uploads.update(self.local_copies(name, records.get(name, []), ctx.global_state))
+
+    def local_copies(
+        self, name: str, steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], global_state: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """A client's upload for one layer: counts ``[E']``, local copies of mean and var ``[E', C]``.
+
+        ``exact``: one one-step copy per local step (E' = E), each from the round-start shared
+        statistics. ``literal``: steps 5–6 chained over the E steps (E' = 1; the count is the mean
+        per-step count). Variances use biased batch variances (the server unbiases).
+        """
+        beta = self.momenta[name]
+        mu0 = global_state[f"{name}.running_mean"].double()
+        var0 = global_state[f"{name}.running_var"].double()
+        if not steps:  # no local step (empty client): count 0, ignored by the server
+            return {f"fbn.{name}.count": torch.zeros(1, dtype=torch.float64),
+                    f"fbn.{name}.mean": mu0.unsqueeze(0).clone(), f"fbn.{name}.var": var0.unsqueeze(0).clone()}
+        counts = torch.stack([s[0] for s in steps])
+        if self.mode == "exact":
+            means, variances = zip(*(fbn_local_update(mu0, var0, m, v, beta) for _, m, v in steps))
+            return {f"fbn.{name}.count": counts, f"fbn.{name}.mean": torch.stack(means), f"fbn.{name}.var": torch.stack(variances)}
+        mean, var = mu0, var0
+        for _, m, v in steps:
+            mean, var = fbn_local_update(mean, var, m, v, beta)
+        return {f"fbn.{name}.count": counts.mean().reshape(1), f"fbn.{name}.mean": mean.unsqueeze(0), f"fbn.{name}.var": var.unsqueeze(0)}
+
+    # -- server -----------------------------------------------------------------------------
+    def aggregate(
+        self, server_round: int, global_state: dict[str, torch.Tensor], updates: ClientUpdates
+    ) -> dict[str, torch.Tensor]:
+        stat_keys = {f"{n}.{b}" for n in self.layers for b in FederatedBatchNorm.stat_buffers}
+        weights = self.client_weights(updates)
+        if float(weights.sum()) <= 0:
+            return {k: global_state[k].clone() for k in self.shared_keys}
+        if self.robust:
+            new = self.robust_aggregate(updates, weights, [k for k in self.shared_keys if k not in stat_keys])
+        else:
+            new = super().aggregate(server_round, global_state, updates)
+        new.update(self.aggregate_statistics(global_state, updates))
+        return new
+
+    def aggregate_statistics(self, global_state: dict[str, torch.Tensor], updates: ClientUpdates) -> dict[str, torch.Tensor]:
+        """The new shared statistics of every FBN layer (Eq. 9–10, per step, replayed in ``exact`` mode)."""
+        ex = updates.extras
+        first = self.layers[0]
+        num_rows = ex[f"fbn.{first}.count"].shape[1]
+        mu0 = {n: global_state[f"{n}.running_mean"].double() for n in self.layers}
+        var0 = {n: global_state[f"{n}.running_var"].double() for n in self.layers}
+        mean, var = dict(mu0), dict(var0)
+        for e in range(num_rows):
+            keep = ex[f"fbn.{first}.count"][:, e] > 0
+            if int(keep.sum()) == 0 or float(ex[f"fbn.{first}.count"][keep, e].sum()) < 2:
+                continue
+            if self.mode == "literal":
+                decay: Any = {n: ((1 - self.momenta[n]) ** updates.num_steps[keep].double()).unsqueeze(-1) for n in self.layers}
+            else:
+                decay = {n: 1 - self.momenta[n] for n in self.layers}
+            rows = {n: (ex[f"fbn.{n}.count"][keep, e], ex[f"fbn.{n}.mean"][keep, e].double(), ex[f"fbn.{n}.var"][keep, e].double())
+                    for n in self.layers}
+            step_mean, step_var = self._aggregate_step(rows, var0, decay)
+            for n in self.layers:
+                a = 1 - self.momenta[n]
+                if num_rows == 1:
+                    mean[n], var[n] = step_mean[n], step_var[n]
+                else:  # replay the centralized EMA: each step's increment applied to the running value
+                    mean[n] = a * mean[n] + (step_mean[n] - a * mu0[n])
+                    var[n] = a * var[n] + (step_var[n] - a * var0[n])
+        out = {}
+        for n in self.layers:
+            for key, value in ((f"{n}.running_mean", mean[n]), (f"{n}.running_var", var[n].clamp_min(0.0))):
+                out[key] = value.to(global_state[key].dtype)
+        return out
+
+    def _aggregate_step(
+        self, rows: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], var0: dict[str, torch.Tensor], decay: dict[str, Any]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """One step of Eq. 9–10 over the clients' one-step copies, plain or robust."""
+        agg = self.stats_aggregator
+        robust = agg is not None and not agg.is_mean
+        if not robust:
+            means, variances = {}, {}
+            for n, (count, lm, lv) in rows.items():
+                w = (count.double() / count.double().sum()).unsqueeze(-1)
+                means[n] = (w * lm).sum(0)
+                variances[n] = (w * corrected_variance(count, lm, lv, var0[n], means[n], self.momenta[n], decay[n])).sum(0)
+            return means, variances
+        means = aggregate_group(agg, {n: lm for n, (_, lm, _) in rows.items()})
+        if self.robust_variance == "two_stage":
+            v = {n: corrected_variance(count, lm, lv, var0[n], means[n], self.momenta[n], decay[n]) for n, (count, lm, lv) in rows.items()}
+            variances = aggregate_group(agg, v)
+        else:  # literal: Agg of the unbiased copies + (c/β)·Agg of the squared deviations
+            zero = {n: torch.zeros_like(means[n]) for n in rows}
+            within = {n: corrected_variance(count, lm, lv, var0[n], lm, self.momenta[n], decay[n]) for n, (count, lm, lv) in rows.items()}
+            between = {n: corrected_variance(count, lm, torch.zeros_like(lv), zero[n], means[n], self.momenta[n], 0.0) for n, (count, lm, lv) in rows.items()}
+            w_agg, b_agg = aggregate_group(agg, within), aggregate_group(agg, between)
+            variances = {n: w_agg[n] + b_agg[n] for n in rows}
+        return means, {n: v_.clamp_min(0.0) for n, v_ in variances.items()}
+
+    def hparams(self) -> dict[str, Any]:
+        return {"mode": self.mode, "robust_variance": self.robust_variance, "weighting": self.weighting,
+                "aggregator": str(self.aggregator or "mean"), "stats_aggregator": str(self.stats_aggregator or "mean")}

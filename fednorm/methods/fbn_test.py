@@ -1,0 +1,160 @@
+"""FBN method: the aggregated shared statistics equal centralized BatchNorm's, step after step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fednorm.config import ExperimentConfig
+from fednorm.engine.simulator import Simulation
+from fednorm.methods import get_method
+from fednorm.methods.base import ClientContext, ClientUpdates
+from fednorm.nn.fbn import FederatedBatchNorm2d
+from fednorm.robust import get_aggregator
+
+BETA = 0.1
+
+
+def _net(norm: type[nn.Module], **kw) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), norm(3, **kw), nn.ReLU(), nn.Conv2d(3, 4, 3), norm(4, **kw)).double()
+
+
+def _client_round(method, model, global_state, xs_per_step, server_round=1) -> dict[str, torch.Tensor]:
+    """One client's round without the optimiser: forward each step's batch in training mode."""
+    model.load_state_dict(global_state)
+    ctx = ClientContext(server_round, 0, model, xs_per_step[0], torch.zeros(0), global_state, {})
+    method.client_begin(ctx)
+    model.train()
+    for x in xs_per_step:
+        model(x)
+    method.client_end(ctx)
+    return ctx.uploads
+
+
+def _run_fbn(method, fbn_net, client_batches, global_state):
+    """Aggregate one round of ``client_batches[i][e]`` (client i, step e); returns the new state."""
+    uploads = [_client_round(method, fbn_net, global_state, steps) for steps in client_batches]
+    k = len(uploads)
+    updates = ClientUpdates(
+        client_ids=list(range(k)),
+        states={key: torch.stack([global_state[key]] * k) for key in method.shared_keys},
+        num_examples=torch.ones(k, dtype=torch.float64),
+        train_loss=torch.zeros(k, dtype=torch.float64),
+        num_steps=torch.full((k,), len(client_batches[0])),
+        extras={key: torch.stack([u[key] for u in uploads]) for key in uploads[0]},
+    )
+    new = dict(global_state)
+    new.update(method.aggregate(1, global_state, updates))
+    return new
+
+
+@pytest.mark.parametrize("mode,steps", [("exact", 1), ("literal", 1), ("exact", 3)])
+def test_shared_statistics_equal_centralized_batchnorm_step_after_step(mode, steps):
+    """F1/F3/F10: over several rounds, FBN's shared running statistics equal those of
+    torch.nn.BatchNorm2d run centrally on the concatenated batches of all clients (float64).
+
+    The network's earlier FBN layers normalise with the shared statistics, so the centralized
+    reference feeds each BN layer the same input: it runs the FBN net in eval mode with hooks
+    capturing every FBN layer's input, and steps an independent ``nn.BatchNorm2d`` on it."""
+    torch.manual_seed(1)
+    fbn_net = _net(FederatedBatchNorm2d, momentum=BETA)
+    method = get_method("fbn", mode=mode)
+    method.setup(fbn_net)
+    state = {k: v.clone() for k, v in fbn_net.state_dict().items()}
+    refs = {name: nn.BatchNorm2d(m.num_features, momentum=BETA).double() for name, m in fbn_net.named_modules() if isinstance(m, FederatedBatchNorm2d)}
+    sizes = [3, 3, 3, 3]  # equal batches: Algorithm 2 exactly
+    for rnd in range(4):
+        shifts = [torch.randn(1, 2, 1, 1, dtype=torch.float64) * 3 for _ in sizes]  # heterogeneous clients
+        batches = [[torch.randn(b, 2, 5, 5, dtype=torch.float64) * (1 + i) + shifts[i] for _ in range(steps)] for i, b in enumerate(sizes)]
+        # reference: each step, the union batch through the net with the round-start shared statistics
+        fbn_net.load_state_dict(state)
+        fbn_net.eval()
+        for e in range(steps):
+            union = torch.cat([batches[i][e] for i in range(len(sizes))])
+            inputs = {}
+            hooks = [m.register_forward_pre_hook(lambda _m, a, n=n: inputs.__setitem__(n, a[0])) for n, m in fbn_net.named_modules() if n in refs]
+            fbn_net(union)
+            for h in hooks:
+                h.remove()
+            for name, ref in refs.items():
+                ref.train()
+                ref(inputs[name])
+        state = _run_fbn(method, fbn_net, batches, state)
+        for name, ref in refs.items():
+            torch.testing.assert_close(state[f"{name}.running_mean"], ref.running_mean, rtol=0, atol=1e-12)
+            torch.testing.assert_close(state[f"{name}.running_var"], ref.running_var, rtol=0, atol=1e-12)
+
+
+def _fbn_round_updates(method, net, state, sizes, seed=0):
+    torch.manual_seed(seed)
+    batches = [[torch.randn(b, 2, 5, 5, dtype=torch.float64) + 4 * i] for i, b in enumerate(sizes)]
+    uploads = [_client_round(method, net, state, steps) for steps in batches]
+    k = len(sizes)
+    return ClientUpdates(
+        client_ids=list(range(k)),
+        states={key: torch.stack([state[key]] * k) for key in method.shared_keys},
+        num_examples=torch.ones(k, dtype=torch.float64),
+        train_loss=torch.zeros(k, dtype=torch.float64),
+        num_steps=torch.ones(k, dtype=torch.int64),
+        extras={key: torch.stack([u[key] for u in uploads]) for key in uploads[0]},
+    )
+
+
+def test_unequal_batches_are_exact_with_count_weights_f7():
+    net = _net(FederatedBatchNorm2d, momentum=BETA)
+    method = get_method("fbn")
+    method.setup(net)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    sizes = [1, 4, 2]
+    updates = _fbn_round_updates(method, net, state, sizes, seed=5)
+    new = method.aggregate(1, state, updates)
+    torch.manual_seed(5)
+    union = torch.cat([torch.randn(b, 2, 5, 5, dtype=torch.float64) + 4 * i for i, b in enumerate(sizes)])
+    ref = nn.BatchNorm2d(3, momentum=BETA).double().train()
+    ref(net[0](union))
+    torch.testing.assert_close(new["1.running_mean"], ref.running_mean, rtol=0, atol=1e-12)
+    torch.testing.assert_close(new["1.running_var"], ref.running_var, rtol=0, atol=1e-12)
+
+
+def test_robust_fbn_under_sign_flip_f8():
+    """f = 3 sign-flipping clients: the mean moves the shared mean far outside the honest range,
+    the median (with or without NNM) and the trimmed mean keep it inside; variances stay >= 0;
+    the 'mean' aggregator object is the exact rule, bit for bit."""
+    from fednorm.robust import get_attack
+
+    net = _net(FederatedBatchNorm2d, momentum=BETA)
+    method = get_method("fbn")
+    method.setup(net)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    state["1.running_mean"] += 5.0  # after warm-up the honest copies cluster near the shared mean
+    honest = _fbn_round_updates(method, net, state, [4] * 7, seed=2)
+    exact = method.aggregate(1, state, honest)
+    method.stats_aggregator = get_aggregator("mean")
+    assert all(torch.equal(exact[k], v) for k, v in method.aggregate(1, state, honest).items())
+    attacked = get_attack("sign_flip", 3, "stats", {"variance": True}, first_id=7)(honest, state, method)
+    lo = honest.extras["fbn.1.mean"][:, 0].min(0).values
+    hi = honest.extras["fbn.1.mean"][:, 0].max(0).values
+    mean = method.aggregate(1, state, attacked)["1.running_mean"]
+    assert ((mean < lo) | (mean > hi)).any()
+    for rule, use_nnm in (("median", False), ("median", True), ("trimmed_mean", False), ("trimmed_mean", True)):
+        method.stats_aggregator = get_aggregator(rule, f=3, nnm=use_nnm)
+        new = method.aggregate(1, state, attacked)
+        assert ((new["1.running_mean"] >= lo - 1e-12) & (new["1.running_mean"] <= hi + 1e-12)).all(), rule
+        assert (new["1.running_var"] >= 0).all() and (new["4.running_var"] >= 0).all()
+    for variant in ("two_stage", "literal"):  # with no attack the robust rules stay close to FBN
+        m = get_method("fbn", robust_variance=variant)
+        m.setup(net)
+        m.stats_aggregator = get_aggregator("median", f=3)
+        new = m.aggregate(1, state, honest)
+        assert (new["1.running_var"] - exact["1.running_var"]).abs().max() < 0.3 * exact["1.running_var"].max()
+
+
+def test_fbn_layers_need_the_fbn_method_and_fbn_needs_them():
+    from fednorm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="only works under method 'fbn'"):
+        Simulation(ExperimentConfig(norm="fbn", method="fedavg", rounds=1, out=None))
+    with pytest.raises(ConfigError, match="needs FBN layers"):
+        Simulation(ExperimentConfig(norm="bn", method="fbn", rounds=1, out=None))
