@@ -21,6 +21,7 @@ from .hbn import (  # registers the "hbn" norm
     hybrid_batch_norm,
 )
 from .feature_norm import FeatureNorm, FeatureNormClassifier, feature_norm, with_feature_norm
+from .ln_variants import ScaleNorm, Shift, norm_placement  # registers ln_static, ln_before, ln_reduced, fn, fn_every, ...
 
 __all__ = [
     "ClientComm",
@@ -50,4 +51,7 @@ __all__ = [
     "FeatureNormClassifier",
     "feature_norm",
     "with_feature_norm",
+    "ScaleNorm",
+    "Shift",
+    "norm_placement",
 ]
