@@ -1,4 +1,4 @@
-"""The ``fednorm`` command: run, compare, partition, list.
+"""The ``fednorm`` command: run, compare, partition, list, analyze.
 
 ``fednorm run`` and ``fednorm compare`` take every :class:`~fednorm.config.ExperimentConfig`
 field as an option (``local_epochs`` -> ``--local-epochs``), generated from the config
@@ -152,6 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
             "dataset", "data_dir", "download", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args", "num_clients", "seed")],
     )
 
+    # --- fednorm analyze (LN/FN paper's analyses; fednorm/analysis) ---------------------------
+    p_an = sub.add_parser("analyze", help="feature/class-embedding norms, feature collapse and local overfitting of a run's final model",
+                          description="Analyse a finished run's global model as the LN paper does (Figs. 2-3): writes "
+                          "RUN_DIR/analysis.json and analysis_*.png.")
+    p_an.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p_an.add_argument("--client", type=int, help="client to train locally (default: the one with the fewest classes)")
+    p_an.add_argument("--steps", type=int, default=5, help="local SGD steps (default: 5, the paper's Fig. 2)")
+    p_an.add_argument("--lr", type=float, help="local learning rate (default: the run's lr)")
+    p_an.add_argument("--per-class", type=int, default=2, help="test images per class in the feature matrix (default: 2)")
+    p_an.add_argument("--max-test", type=int, default=2000, help="most test images used for norms and accuracies (default: 2000)")
+    p_an.add_argument("--no-plots", action="store_true", help="write analysis.json only")
+
     p_list = sub.add_parser("list", help="list methods, norms, models, datasets and partitions")
     p_list.add_argument("what", nargs="?", choices=["methods", "norms", "models", "datasets", "partitions", "client_opts", "server_opts"], help="one registry (default: all)")
     return parser
@@ -239,6 +251,21 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from ..analysis import analyze_run, format_table
+
+    for name in ("steps", "per_class", "max_test"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.lr is not None and not args.lr > 0:
+        raise ConfigError(f"--lr must be positive, got {args.lr}")
+    result = analyze_run(args.run_dir, client=args.client, steps=args.steps, lr=args.lr, per_class=args.per_class,
+                         max_test=args.max_test, plots=not args.no_plots)
+    print(format_table(result))
+    print(f"analysis: {args.run_dir / 'analysis.json'}" + ("" if args.no_plots else f"  plots: {args.run_dir}/analysis_*.png"))
+    return 0
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     from ..data.datasets import list_datasets
     from ..data.partition import list_partitions
@@ -270,7 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    handler = {"run": _cmd_run, "compare": _cmd_compare, "partition": _cmd_partition, "list": _cmd_list}[args.command]
+    handler = {"run": _cmd_run, "compare": _cmd_compare, "partition": _cmd_partition, "list": _cmd_list,
+               "analyze": _cmd_analyze}[args.command]
     try:
         return handler(args)
     except FednormError as exc:

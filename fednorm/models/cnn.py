@@ -9,7 +9,7 @@ skipped (:func:`~fednorm.models.base.maybe_max_pool`), so every model also runs 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 from torch import nn
@@ -194,6 +194,11 @@ class LNCNN(ClassifierModel):
         norm_layer: norm specification, resolved by ``get_norm_layer`` (``"ln"`` = FedLN).
         fc_dims: widths of the hidden FC layers (default: ``(384, 192)``, the code's).
         bias: give every conv/linear layer a bias (default: False; the code's ``--with_bias``).
+        norm_position: ``"after"`` each ReLU (default, the paper's) or ``"before"`` it
+            (``conv → norm → ReLU``; "FedLN – before activation", Table 6).
+        last_norm: norm at the last hidden site (on the penultimate features), if different from
+            ``norm_layer`` (default: None = the same). ``norm="ln_reduced"`` sets it: S at the
+            hidden sites and ψ at the last (Prop. 2).
     """
 
     def __init__(
@@ -205,13 +210,24 @@ class LNCNN(ClassifierModel):
         norm_layer: NormSpec = "bn",
         fc_dims: Sequence[int] = (384, 192),
         bias: bool = False,
+        norm_position: Literal["after", "before"] = "after",
+        last_norm: NormSpec = None,
     ) -> None:
         super().__init__()
         validate_common(num_classes, in_channels)
         fc_dims = tuple(int(d) for d in fc_dims)
         if not fc_dims or min(fc_dims) < 1:
             raise ValueError(f"fc_dims must be a non-empty sequence of positive widths, got {fc_dims!r}")
+        if norm_position not in ("after", "before"):
+            raise ValueError(f"Unknown value '{norm_position}' for argument norm_position. Valid values are ('after', 'before')")
         norm_layer = get_norm_layer(norm_layer)
+        final_norm = norm_layer if last_norm is None else get_norm_layer(last_norm)
+        self.norm_position = norm_position
+
+        def act_norm(norm: nn.Module) -> list[nn.Module]:
+            relu = nn.ReLU(inplace=True)
+            return [relu, norm] if norm_position == "after" else [norm, relu]
+
         hw = to_hw(input_size)
         layers: list[nn.Module] = []
         channels = in_channels
@@ -219,13 +235,14 @@ class LNCNN(ClassifierModel):
             padding = 0 if min(hw) >= 5 else 2
             hw = (conv_out_size(hw[0], 5, 1, padding), conv_out_size(hw[1], 5, 1, padding))
             pool, hw = maybe_max_pool(hw)
-            layers += [nn.Conv2d(channels, 64, 5, 1, padding, bias=bias), nn.ReLU(inplace=True), norm_layer(64), pool]
+            layers += [nn.Conv2d(channels, 64, 5, 1, padding, bias=bias), *act_norm(norm_layer(64)), pool]
             channels = 64
         self.features = nn.Sequential(*layers, nn.Flatten())
         fc: list[nn.Module] = []
         width = channels * hw[0] * hw[1]
-        for dim in fc_dims:
-            fc += [nn.Linear(width, dim, bias=bias), nn.ReLU(inplace=True), norm_layer(dim, spatial=False)]
+        for i, dim in enumerate(fc_dims):
+            norm = (final_norm if i == len(fc_dims) - 1 else norm_layer)(dim, spatial=False)
+            fc += [nn.Linear(width, dim, bias=bias), *act_norm(norm)]
             width = dim
         self.fc = nn.Sequential(*fc)
         self.num_features = width
@@ -270,6 +287,8 @@ def ln_cnn(
     norm_layer: NormSpec = "bn",
     fc_dims: Sequence[int] = (384, 192),
     bias: bool = False,
+    norm_position: Literal["after", "before"] = "after",
+    last_norm: NormSpec = None,
 ) -> LNCNN:
     """The LN paper's CNN as in its code (spec/003_ln_fn.md §2.2); see :class:`LNCNN`."""
     return LNCNN(
@@ -279,4 +298,6 @@ def ln_cnn(
         norm_layer=norm_layer,
         fc_dims=fc_dims,
         bias=bias,
+        norm_position=norm_position,
+        last_norm=last_norm,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,9 +11,10 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fednorm.errors import UnknownNameError
-from fednorm.models import ClassifierModel, get_model, list_models
+from fednorm.models import MODELS, ClassifierModel, get_model, list_models
 from fednorm.models.base import maybe_max_pool, to_hw
-from fednorm.nn.norms import convert_norm, list_norms, norm_modules
+from fednorm.nn.ln_variants import norm_placement
+from fednorm.nn.norms import convert_norm, get_norm_layer, list_norms, norm_modules
 
 # (in_channels, input_size): 8×8 sklearn digits, 32×32 CIFAR, 28×28 MNIST-like digits.
 INPUTS = [(1, 8), (3, 32), (1, 28)]
@@ -35,6 +38,13 @@ def _num_running_stats(model: nn.Module) -> int:
 @pytest.mark.parametrize("name", list_models())
 def test_model_builds_trains_and_evaluates(name: str, norm: str, in_channels: int, input_size: int) -> None:
     torch.manual_seed(0)
+    # Norm names with a placement (LN paper's variants) need the matching model option.
+    needs = set(norm_placement(get_norm_layer(norm))) - {"feature_norm"}
+    missing = needs - set(inspect.signature(MODELS.get_builder(name)).parameters)
+    if missing:
+        with pytest.raises(ValueError, match=sorted(missing)[0]):
+            get_model(name, num_classes=7, in_channels=in_channels, input_size=input_size, norm=norm)
+        return
     model = get_model(name, num_classes=7, in_channels=in_channels, input_size=input_size, norm=norm)
     assert isinstance(model, ClassifierModel)
     assert isinstance(model.head, nn.Linear)

@@ -49,6 +49,9 @@ def get_model(
         norm_args: options of the norm (e.g. ``{"num_groups": 4}``).
         feature_norm: wrap the model with the LN paper's feature normalization before the
             head (``sqrt(d) * z / ||z||``; :func:`fednorm.nn.feature_norm.with_feature_norm`).
+            ``norm="fn"`` implies it (with no norm in the body); other LN-paper variants
+            (``ln_before``, ``ln_reduced``, ``fn_inside_*``) set model options such as
+            ``norm_position`` (see :mod:`fednorm.nn.ln_variants`).
         **kwargs: model-specific options (``None`` values are dropped so that builder
             defaults apply).
 
@@ -61,6 +64,24 @@ def get_model(
     if "norm_layer" in kwargs:
         raise TypeError("get_model() takes norm=... and norm_args=...; do not pass norm_layer")
     norm_layer = get_norm_layer(norm, **(norm_args or {}))
+    # Norm names that imply a placement (the LN paper's variants, fednorm/nn/ln_variants.py).
+    from ..nn.ln_variants import norm_placement
+
+    placement = norm_placement(norm_layer)
+    fn_options = placement.pop("feature_norm", None)
+    if placement:
+        import inspect
+
+        accepted = inspect.signature(MODELS.get_builder(name)).parameters
+        for key, value in placement.items():
+            if key not in accepted:
+                raise ValueError(
+                    f"norm {norm!r} needs a model with a '{key}' option (ln_cnn, resnet18, ln_resnet18); "
+                    f"model {name!r} has none"
+                )
+            if kwargs.get(key) is not None and kwargs[key] != value:
+                raise ValueError(f"norm {norm!r} sets {key}={value!r}, but model_args asks for {key}={kwargs[key]!r}")
+            kwargs[key] = value
     model = MODELS.build(
         name,
         num_classes=num_classes,
@@ -69,8 +90,8 @@ def get_model(
         norm_layer=norm_layer,
         **kwargs,
     )
-    if feature_norm:
+    if feature_norm or fn_options is not None:
         from ..nn.feature_norm import with_feature_norm
 
-        model = with_feature_norm(model)
+        model = with_feature_norm(model, **(fn_options or {}))
     return model

@@ -20,10 +20,11 @@ from ..nn.norms import NormLayer, NormSpec, get_norm_layer
 from .base import ClassifierModel, to_hw, validate_common
 from .registry import register_model
 
-__all__ = ["PadShortcut", "BasicBlock", "ResNet", "resnet20", "resnet18"]
+__all__ = ["PadShortcut", "BasicBlock", "ResNet", "resnet20", "resnet18", "ln_resnet18"]
 
 Shortcut = Literal["A", "B"]
 NormPosition = Literal["before", "after"]
+NormSites = Literal["all", "block_output"]
 Stem = Literal["cifar", "imagenet"]
 
 
@@ -72,6 +73,8 @@ class BasicBlock(nn.Module):
         shortcut: ``"A"`` (parameter-free padding) or ``"B"`` (1×1 conv), used only when the
             shape changes; otherwise the shortcut is the identity.
         norm_position: ``"before"`` or ``"after"`` the activation.
+        norm_sites: ``"all"`` or ``"block_output"`` (only ``norm2``, on the block's post-ReLU
+            output; ``norm1`` is the identity). ``"block_output"`` needs ``norm_position="after"``.
     """
 
     def __init__(
@@ -83,11 +86,12 @@ class BasicBlock(nn.Module):
         *,
         shortcut: Shortcut = "B",
         norm_position: NormPosition = "before",
+        norm_sites: NormSites = "all",
     ) -> None:
         super().__init__()
         self.norm_position = norm_position
         self.conv1 = _conv3x3(in_planes, planes, stride)
-        self.norm1 = norm_layer(planes)
+        self.norm1 = norm_layer(planes) if norm_sites == "all" else nn.Identity()
         self.conv2 = _conv3x3(planes, planes)
         self.norm2 = norm_layer(planes)
         self.relu = nn.ReLU(inplace=True)
@@ -131,6 +135,9 @@ class ResNet(ClassifierModel):
             conv7×7 stride 2 + max-pool 3×3 stride 2; HBN's Tiny-ImageNet ResNet-18, spec/000 §2.2).
         init: ``"default"`` (torch's) or ``"kaiming_normal"`` (``kaiming_normal_`` on every conv
             and linear weight, as akamaster's ResNet-20; norm weights 1 and biases 0).
+        norm_sites: ``"all"`` (default) or ``"block_output"``: a norm only on each residual
+            block's post-ReLU output (stem and ``norm1`` are the identity), the LN paper's
+            "FedFN – inside ψ/φ" ResNets (Table 13; spec §5 row 22). Needs ``norm_position="after"``.
     """
 
     def __init__(
@@ -146,6 +153,7 @@ class ResNet(ClassifierModel):
         norm_position: NormPosition = "before",
         stem: Stem = "cifar",
         init: Literal["default", "kaiming_normal"] = "default",
+        norm_sites: NormSites = "all",
     ) -> None:
         super().__init__()
         validate_common(num_classes, in_channels)
@@ -157,9 +165,12 @@ class ResNet(ClassifierModel):
             ("norm_position", norm_position, ("before", "after")),
             ("stem", stem, ("cifar", "imagenet")),
             ("init", init, ("default", "kaiming_normal")),
+            ("norm_sites", norm_sites, ("all", "block_output")),
         ):
             if value not in valid:
                 raise ValueError(f"Unknown value '{value}' for argument {arg}. Valid values are {valid}")
+        if norm_sites == "block_output" and norm_position != "after":
+            raise ValueError("norm_sites='block_output' needs norm_position='after' (the norm sits on the block's post-ReLU output)")
         norm_layer = get_norm_layer(norm_layer)
         self.norm_position = norm_position
         planes = widths[0]
@@ -167,7 +178,7 @@ class ResNet(ClassifierModel):
             self.conv1 = _conv3x3(in_channels, planes)
         else:
             self.conv1 = nn.Conv2d(in_channels, planes, 7, 2, 3, bias=False)
-        self.norm1 = norm_layer(planes)
+        self.norm1 = norm_layer(planes) if norm_sites == "all" else nn.Identity()
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, 2, 1) if stem == "imagenet" else nn.Identity()
         stages: list[nn.Module] = []
@@ -175,7 +186,9 @@ class ResNet(ClassifierModel):
             blocks: list[nn.Module] = []
             for j in range(depth):
                 stride = 2 if i > 0 and j == 0 else 1
-                blocks.append(BasicBlock(planes, width, stride, norm_layer, shortcut=shortcut, norm_position=norm_position))
+                blocks.append(BasicBlock(
+                    planes, width, stride, norm_layer, shortcut=shortcut, norm_position=norm_position, norm_sites=norm_sites
+                ))
                 planes = width
             stages.append(nn.Sequential(*blocks))
         self.layers = nn.Sequential(*stages)
@@ -232,6 +245,7 @@ def resnet18(
     norm_layer: NormSpec = "bn",
     norm_position: NormPosition = "before",
     stem: Stem = "cifar",
+    norm_sites: NormSites = "all",
 ) -> ResNet:
     """CIFAR ResNet-18 (spec/003_ln_fn.md §2.2; spec/000_hbn.md §2.2 Table 5).
 
@@ -255,4 +269,35 @@ def resnet18(
         shortcut="B",
         norm_position=norm_position,
         stem=stem,
+        norm_sites=norm_sites,
+    )
+
+
+@register_model()
+def ln_resnet18(
+    *,
+    num_classes: int = 10,
+    in_channels: int = 3,
+    input_size: int | Sequence[int] = 32,
+    norm_layer: NormSpec = "ln",
+    norm_position: NormPosition = "after",
+    norm_sites: NormSites = "all",
+) -> ResNet:
+    """The LN paper's CIFAR ResNet-18 (spec/003_ln_fn.md §2.2, §5 row 5; code ``group_norm_after``).
+
+    :func:`resnet18` with every norm *after* its ReLU, in the stem and in the blocks
+    (``conv → ReLU → N → conv → (+ shortcut) → ReLU → N``), 1×1 conv shortcuts without a norm,
+    no conv biases, global average pooling (= the code's ``avg_pool2d(out, 4)`` on 32×32) and a
+    head ``Linear(512 → C)`` with bias. ``norm="ln"`` is FedLN-ResNet (``get_model``'s norm default is
+    ``"bn"``, so name the norm),
+    ``"none"`` the vanilla ResNet, ``"fn"`` FedFN-ResNet, ``"fn_inside_ln"``/``"fn_inside_sn"``
+    the Table 13 variants.
+    """
+    return resnet18(
+        num_classes=num_classes,
+        in_channels=in_channels,
+        input_size=input_size,
+        norm_layer=norm_layer,
+        norm_position=norm_position,
+        norm_sites=norm_sites,
     )

@@ -30,6 +30,7 @@ from .fbn import (  # registers the "fbn" norm
     recording_fbn_statistics,
 )
 from .feature_norm import FeatureNorm, FeatureNormClassifier, feature_norm, with_feature_norm
+from .ln_variants import ScaleNorm, Shift, norm_placement  # registers ln_static, ln_before, ln_reduced, fn, fn_every, ...
 
 __all__ = [
     "ClientComm",
@@ -66,4 +67,7 @@ __all__ = [
     "FeatureNormClassifier",
     "feature_norm",
     "with_feature_norm",
+    "ScaleNorm",
+    "Shift",
+    "norm_placement",
 ]
