@@ -48,9 +48,17 @@ def vectorization_blockers(method: Method) -> list[str]:
     Client-side hooks act on one client's model, which a stacked model does not have; a method
     that overrides them runs on the sequential executor.
     """
+    def overrides(m: Method, hook: str) -> bool:
+        return getattr(type(m), hook) is not getattr(Method, hook)
+
     reasons = []
+    inner = getattr(method, "inner", None)  # a method composed with client/server optimizers
     for hook in ("client_begin", "client_end", "client_loss"):
-        if getattr(type(method), hook) is not getattr(Method, hook):
+        if not overrides(method, hook):
+            continue
+        if inner is not None and not overrides(inner, hook):
+            reasons.append(f"client optimizer '{method.client_opt.name}' uses {hook}")
+        else:
             reasons.append(f"method '{method.name}' overrides {hook}")
     return reasons
 
