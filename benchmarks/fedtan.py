@@ -8,6 +8,7 @@ SiloBN) are scored as the paper does: every client's model on the whole test set
 Each scheme's wall time per round is measured in the same process.
 
     python benchmarks/fedtan.py --rounds 60 --batch-size 32            # CPU scale
+    python benchmarks/fedtan.py --time-rounds 5 --batch-size 32        # wall time per round only
     python benchmarks/fedtan.py --rounds 10000 --batch-size 128 --lr 0.5  # the paper's setting
 
 The paper runs 10,000 rounds at batch 128, lr 0.5 (momentum 0.9, weight decay 1e-4); a CPU
@@ -75,6 +76,28 @@ def score(sim: Simulation) -> dict[str, float]:
     return {"accuracy": sum(accs) / len(accs), "own_split_accuracy": own}
 
 
+def time_rounds(args) -> None:
+    """Wall time per round of FedTAN and FedAvg+BN on the non-IID split, rounds interleaved so both
+    see the same machine load; the first round of each (warm-up) is not counted."""
+    sims = {}
+    for method in ("fedtan", "fedavg"):
+        cfg = config(args, "noniid", method, "bn").model_copy(update={"rounds": args.time_rounds + 1})
+        sims[method] = Simulation(cfg, data=sims["fedtan"].data if sims else None)
+        sims[method].step()
+    times: dict[str, list[float]] = {m: [] for m in sims}
+    for _ in range(args.time_rounds):
+        for m, sim in sims.items():
+            start = time.perf_counter()
+            sim.step()
+            times[m].append(time.perf_counter() - start)
+    med = {m: sorted(t)[len(t) // 2] for m, t in times.items()}
+    ratio = med["fedtan"] / med["fedavg"]
+    print(f"median s/round: FedTAN {med['fedtan']:.3f}, FedAvg+BN {med['fedavg']:.3f}, ratio {ratio:.2f} "
+          f"({args.time_rounds} rounds each, batch {args.batch_size}, E {args.local_steps}, executor {sims['fedtan'].executor.name})")
+    write_result(args.out, {"args": vars(args), "machine": machine(), "seconds_per_round": med, "ratio": ratio,
+                            "times": times})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir")
@@ -89,8 +112,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--settings", default="noniid,iid")
     ap.add_argument("--schemes", default=",".join(f"{m}+{n}" for m, n in SCHEMES))
+    ap.add_argument("--time-rounds", type=int, default=0,
+                    help="only time FedTAN against FedAvg+BN: this many rounds each, interleaved")
     ap.add_argument("--out", default="benchmarks/results/fedtan.json")
     args = ap.parse_args()
+    if args.time_rounds:
+        return time_rounds(args)
 
     wanted = [tuple(s.split("+")) for s in args.schemes.split(",")]
     rows = []
