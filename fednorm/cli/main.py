@@ -152,6 +152,19 @@ def build_parser() -> argparse.ArgumentParser:
             "dataset", "data_dir", "download", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args", "num_clients", "seed")],
     )
 
+    # -- adapt (FedBN's new-client recipe, spec/004_fedbn.md §1.6) --
+    p_adapt = sub.add_parser(
+        "adapt", help="evaluate a never-trained client: averaged weights + BN statistics of its own data",
+        description="Build the model of a client that never trained from a finished run: shared weights, the clients' "
+        "averaged local tensors (FedBN: BN affine) and BN statistics computed on the client's own data; print its accuracy.",
+    )
+    p_adapt.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a fednorm run directory")
+    who = p_adapt.add_mutually_exclusive_group(required=True)
+    who.add_argument("--domain", help="a data source of the run's dataset (e.g. one left out with partition_args.sources)")
+    who.add_argument("--client", type=int, help="a client id of the run")
+    p_adapt.add_argument("--num-samples", type=int, help="at most this many training samples for the statistics")
+    p_adapt.add_argument("--data-dir", help="dataset folder, if not the run's")
+
     p_list = sub.add_parser("list", help="list methods, norms, models, datasets and partitions")
     p_list.add_argument("what", nargs="?", choices=["methods", "norms", "models", "datasets", "partitions"], help="one registry (default: all)")
     return parser
@@ -239,6 +252,16 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_adapt(args: argparse.Namespace) -> int:
+    import json
+
+    from ..engine.adapt import adapt
+
+    result = adapt(args.run_dir, domain=args.domain, client=args.client, num_samples=args.num_samples, data_dir=args.data_dir)
+    print(json.dumps(result.summary(), indent=2))
+    return 0
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     from ..data.datasets import list_datasets
     from ..data.partition import list_partitions
@@ -267,7 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    handler = {"run": _cmd_run, "compare": _cmd_compare, "partition": _cmd_partition, "list": _cmd_list}[args.command]
+    handler = {"run": _cmd_run, "compare": _cmd_compare, "partition": _cmd_partition, "list": _cmd_list,
+               "adapt": _cmd_adapt}[args.command]
     try:
         return handler(args)
     except FednormError as exc:

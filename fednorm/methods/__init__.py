@@ -4,6 +4,7 @@ from .base import ClientContext, ClientUpdates, Method, weighted_average
 from .fedavg import FedAvg
 from .fedbn import FedBN, SiloBN
 from .hbn import HBN
+from .singleset import SingleSet
 from .registry import METHODS, get_method, list_methods, register_method
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "FedBN",
     "SiloBN",
     "HBN",
+    "SingleSet",
     "METHODS",
     "get_method",
     "list_methods",
