@@ -11,11 +11,18 @@ Methods: FedAvg (BN averaged, evaluated with the server model), SiloBN, FedBN, S
 methods at equal, small training budgets.
 
     python benchmarks/fedbn_digits.py --data-dir ../shared/data --rounds 8
+    # or one process per method (same numbers; the table is rebuilt from every per-method file):
+    python benchmarks/fedbn_digits.py --data-dir ../shared/data --rounds 8 --methods fedbn
+
+Each method's result is written to ``results/fedbn_digits/<method>.json`` as soon as it is done;
+the combined table and ``results/fedbn_digits.json`` are built from all per-method files of the
+same settings.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -65,7 +72,7 @@ def main() -> None:
     )  # fmt: skip
     data = federated_data_from_config(ExperimentConfig(**base))
     names = [data.domain_names[d] for d in data.client_domain]
-    results: dict[str, dict] = {}
+    per_method = Path(args.out).with_suffix("")
     for label in args.methods.split(","):
         cfg = ExperimentConfig(**base, **METHODS[label])
         start = time.process_time()
@@ -73,16 +80,28 @@ def main() -> None:
         losses = [sim.step().train_loss for _ in range(cfg.rounds)]
         final = sim.history[-1]
         per_domain = {n: 100 * a for n, a in zip(names, final["client_accuracies"])}
-        results[label] = {
+        record = {
+            "method": label,
             "per_domain": per_domain,
             "mean": 100 * final["mean_client_accuracy"],
             "train_loss": losses,
             "cpu_seconds": time.process_time() - start,
             "executor": sim.executor.name,
+            "config": {k: v for k, v in cfg.model_dump(mode="json").items() if k != "data_dir"},
         }
-        print(label, {k: round(v, 2) for k, v in per_domain.items()}, "mean", round(results[label]["mean"], 2),
-              f"cpu {results[label]['cpu_seconds']:.0f}s", flush=True)
+        print(label, {k: round(v, 2) for k, v in per_domain.items()}, "mean", round(record["mean"], 2),
+              f"cpu {record['cpu_seconds']:.0f}s", flush=True)
+        write_result(per_method / f"{label}.json", record)
 
+    # combine every per-method result of the same settings
+    results: dict[str, dict] = {}
+    for label in METHODS:
+        path = per_method / f"{label}.json"
+        if path.is_file():
+            r = json.loads(path.read_text())
+            same = all(r["config"].get(k) == v for k, v in base.items() if k not in ("data_dir", "threads"))
+            if same:
+                results[label] = r
     cols = names
     lines = ["| method | " + " | ".join(cols) + " | mean |", "|---" * (len(cols) + 2) + "|"]
     for label, r in results.items():
@@ -98,6 +117,7 @@ def main() -> None:
         "benchmark": "fedbn_digits", "config": {k: v for k, v in base.items() if k != "data_dir"},
         "domains": names, "results": results, "paper_table11": PAPER, "table_markdown": table,
         "fedbn_minus_fedavg_mean": results.get("fedbn", {}).get("mean", np.nan) - results.get("fedavg", {}).get("mean", np.nan),
+        "total_cpu_seconds": sum(r["cpu_seconds"] for r in results.values()),
         "machine": machine(),
     })  # fmt: skip
 

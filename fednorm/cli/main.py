@@ -243,6 +243,8 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     hist = data.histogram()
     print(f"{cfg.partition} partition of {cfg.dataset} over {cfg.num_clients} clients (seed {cfg.seed}):")
     print(describe(hist))
+    if data.client_domain is not None and data.domain_names is not None:  # feature shift: one source per client
+        print("sources: " + ", ".join(f"{c}={data.domain_names[d]}" for c, d in enumerate(data.client_domain)))
     if args.plot:
         from ..plotting import plot_histogram
 
