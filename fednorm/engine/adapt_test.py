@@ -105,7 +105,8 @@ def test_adapt_a_held_out_source_end_to_end_api_and_cli(tmp_path, capsys):
                       partition_args={"sources": ["a", "b"]}, model="simple_cnn", method="fedbn", rounds=2, lr=0.05,
                       batch_size=8, dtype="float64", out=str(tmp_path / "run"), progress=False)
     sim = res.simulation
-    assert sim.data.client_domain == [0, 1]
+    assert sim.data.client_domain == [0, 1] and res.summary["client_sources"] == ["a", "b"]
+    assert res.summary["final_client_accuracies"] == res.history[-1]["client_accuracies"]
     out = fednorm.adapt(tmp_path / "run", domain="c")
     assert out.num_stat_samples == 16 and out.num_test == 4 and 0 <= out.accuracy <= 1
     # the statistics are those of domain c's training images under the averaged model
