@@ -12,6 +12,7 @@ Quick use::
 from .api import CompareResult, RunResult, compare, run
 from .config import ExperimentConfig, load_config
 from .data import build_federated_data, list_datasets, list_partitions, load_dataset
+from .engine.adapt import adapt
 from .engine.simulator import Simulation
 from .methods import get_method, list_methods
 from .models import get_model, list_models
@@ -24,6 +25,7 @@ __all__ = [
     "RunResult",
     "compare",
     "run",
+    "adapt",
     "ExperimentConfig",
     "load_config",
     "build_federated_data",

@@ -164,6 +164,19 @@ def build_parser() -> argparse.ArgumentParser:
     p_an.add_argument("--max-test", type=int, default=2000, help="most test images used for norms and accuracies (default: 2000)")
     p_an.add_argument("--no-plots", action="store_true", help="write analysis.json only")
 
+    # -- adapt (FedBN's new-client recipe, spec/004_fedbn.md §1.6) --
+    p_adapt = sub.add_parser(
+        "adapt", help="evaluate a never-trained client: averaged weights + BN statistics of its own data",
+        description="Build the model of a client that never trained from a finished run: shared weights, the clients' "
+        "averaged local tensors (FedBN: BN affine) and BN statistics computed on the client's own data; print its accuracy.",
+    )
+    p_adapt.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a fednorm run directory")
+    who = p_adapt.add_mutually_exclusive_group(required=True)
+    who.add_argument("--domain", help="a data source of the run's dataset (e.g. one left out with partition_args.sources)")
+    who.add_argument("--client", type=int, help="a client id of the run")
+    p_adapt.add_argument("--num-samples", type=int, help="at most this many training samples for the statistics")
+    p_adapt.add_argument("--data-dir", help="dataset folder, if not the run's")
+
     p_list = sub.add_parser("list", help="list methods, norms, models, datasets and partitions")
     p_list.add_argument("what", nargs="?", choices=["methods", "norms", "models", "datasets", "partitions", "client_opts", "server_opts"], help="one registry (default: all)")
     return parser
@@ -242,6 +255,8 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     hist = data.histogram()
     print(f"{cfg.partition} partition of {cfg.dataset} over {cfg.num_clients} clients (seed {cfg.seed}):")
     print(describe(hist))
+    if data.client_domain is not None and data.domain_names is not None:  # feature shift: one source per client
+        print("sources: " + ", ".join(f"{c}={data.domain_names[d]}" for c, d in enumerate(data.client_domain)))
     if args.plot:
         from ..plotting import plot_histogram
 
@@ -263,6 +278,16 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
                          max_test=args.max_test, plots=not args.no_plots)
     print(format_table(result))
     print(f"analysis: {args.run_dir / 'analysis.json'}" + ("" if args.no_plots else f"  plots: {args.run_dir}/analysis_*.png"))
+    return 0
+
+
+def _cmd_adapt(args: argparse.Namespace) -> int:
+    import json
+
+    from ..engine.adapt import adapt
+
+    result = adapt(args.run_dir, domain=args.domain, client=args.client, num_samples=args.num_samples, data_dir=args.data_dir)
+    print(json.dumps(result.summary(), indent=2))
     return 0
 
 
@@ -298,7 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     handler = {"run": _cmd_run, "compare": _cmd_compare, "partition": _cmd_partition, "list": _cmd_list,
-               "analyze": _cmd_analyze}[args.command]
+               "analyze": _cmd_analyze,
+               "adapt": _cmd_adapt}[args.command]
     try:
         return handler(args)
     except FednormError as exc:

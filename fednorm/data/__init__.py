@@ -21,6 +21,7 @@ from .datasets import (
     load_dataset,
     register_dataset,
 )
+from .domains import Digits5, DigitsDomains, DomainNet, ImageFolder, MultiDomainDataset, OfficeCaltech10
 from .download import check_integrity, download_url, extract_archive
 from .federated import FederatedData, build_federated_data
 from .partition import (
@@ -40,6 +41,12 @@ __all__ = [
     "MNIST",
     "USPS",
     "Digits",
+    "Digits5",
+    "DigitsDomains",
+    "DomainNet",
+    "ImageFolder",
+    "MultiDomainDataset",
+    "OfficeCaltech10",
     "FashionMNIST",
     "default_root",
     "check_integrity",

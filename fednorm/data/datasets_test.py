@@ -95,14 +95,14 @@ def test_registry_lists_every_dataset() -> None:
     assert "mnist" not in list_datasets(exclude="*mnist")
 
 
-@pytest.mark.parametrize("name", list_datasets())
+@pytest.mark.parametrize("name", list_datasets(exclude="image_folder"))  # its classes are found at load
 def test_info_is_consistent(name: str) -> None:
     cls = DATASETS.get_builder(name)
     info = get_dataset_info(name)
     assert isinstance(info, DatasetInfo) and info.name == name
     assert len(cls.classes) == info.num_classes == len(set(cls.classes))
     assert len(info.mean) == len(info.std) == info.in_channels
-    assert all(0 < s < 0.5 for s in info.std) and all(0 < m < 1 for m in info.mean)
+    assert all(0 < s <= 0.5 for s in info.std) and all(0 < m < 1 for m in info.mean)  # 0.5: FedBN's digits
     assert info.augment == name.startswith("cifar")
 
 

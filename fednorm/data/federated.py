@@ -3,7 +3,9 @@
 Training and test images are normalised once into float tensors; a client is just an index
 tensor into them, so drawing a batch is one ``index_select`` with no per-sample Python.
 Each client also gets a test split with its own label mix (the LN and FedBN papers evaluate
-per client), carved out of the global test set by :func:`~fednorm.data.partition.split_like`.
+per client), carved out of the global test set by :func:`~fednorm.data.partition.split_like`;
+with a multi-source dataset whose clients each hold one source (FedBN's feature shift), a
+client's test split is drawn from its own source's test set instead.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 from ..errors import PartitionError
 from .datasets import DatasetInfo, dataset_to_tensors, load_dataset
-from .partition import label_histogram, partition, split_like
+from .partition import client_domains, label_histogram, partition, split_by_domain, split_like
 
 __all__ = ["FederatedData", "build_federated_data", "cached_federated_data", "federated_data_from_config"]
 
@@ -32,6 +34,8 @@ class FederatedData:
         client_train: one sorted int64 index tensor into ``train_*`` per client.
         client_test: one index tensor into ``test_*`` per client, with its label mix.
         augment: apply random crop + flip to training batches.
+        domain_names: the sources of a multi-source dataset (``None`` otherwise).
+        client_domain: the source of each client when each holds one source, else ``None``.
     """
 
     info: DatasetInfo
@@ -42,6 +46,8 @@ class FederatedData:
     client_train: list[torch.Tensor]
     client_test: list[torch.Tensor]
     augment: bool = False
+    domain_names: list[str] | None = None
+    client_domain: list[int] | None = None
 
     @property
     def num_clients(self) -> int:
@@ -93,9 +99,30 @@ def build_federated_data(
         raise PartitionError(
             f"num_clients={num_clients} exceeds the {len(train)} training samples of '{dataset}'"
         )
+    domains = getattr(train, "domains", None)
+    if domains is not None:  # multi-source data: the domains partition needs the sources
+        partition_params = {"domains": domains, "domain_names": train.domain_names, **partition_params}
     parts = partition(partition_name, train.targets, num_clients, seed=seed, **partition_params)
     hist = label_histogram(train.targets, parts, info.num_classes)
-    test_parts = split_like(test.targets, hist, seed=seed)
+    owners = client_domains(domains, parts) if domains is not None else None
+    if owners is not None:
+        test_parts = split_by_domain(test.domains, owners, seed=seed)
+    else:
+        test_parts = split_like(test.targets, hist, seed=seed)
+    # Convert only the training samples some client holds (a domains split uses a fraction).
+    used = np.unique(np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])) if parts else np.empty(0, np.int64)
+    if len(used) < len(train):
+        remap = np.full(len(train), -1, dtype=np.int64)
+        remap[used] = np.arange(len(used))
+        parts = [remap[np.asarray(p, dtype=np.int64)] for p in parts]
+        train.data, train.targets = train.data[used], train.targets[used]
+    if owners is not None:  # the global test set is the union of the clients' sources
+        used_test = np.unique(np.concatenate(test_parts))
+        if len(used_test) < len(test):
+            remap = np.full(len(test), -1, dtype=np.int64)
+            remap[used_test] = np.arange(len(used_test))
+            test_parts = [remap[p] for p in test_parts]
+            test.data, test.targets = test.data[used_test], test.targets[used_test]
     train_x, train_y = dataset_to_tensors(train)
     test_x, test_y = dataset_to_tensors(test)
     return FederatedData(
@@ -107,6 +134,8 @@ def build_federated_data(
         client_train=[torch.as_tensor(p, dtype=torch.int64) for p in parts],
         client_test=[torch.as_tensor(p, dtype=torch.int64) for p in test_parts],
         augment=info.augment if augment is None else augment,
+        domain_names=list(train.domain_names) if domains is not None else None,
+        client_domain=owners,
     )
 
 

@@ -438,6 +438,11 @@ class Simulation:
             "best_round": self.history[best_i]["round"] if best_i is not None else None,
             "last10_mean_test_accuracy": float(np.mean(accs[-10:])) if accs else None,
             "final_mean_client_accuracy": last.get("mean_client_accuracy"),
+            "final_client_accuracies": last.get("client_accuracies"),
+            "client_sources": (  # feature shift: the data source of each client
+                [self.data.domain_names[d] for d in self.data.client_domain]
+                if self.data.client_domain is not None and self.data.domain_names is not None else None
+            ),
             "wall_seconds": self.wall_seconds,
             "samples_trained": self.samples_trained,
             "samples_per_second": self.samples_trained / self.wall_seconds if self.wall_seconds else None,

@@ -7,6 +7,7 @@ from .fedtan import FedTAN, FedTANForward
 from .hbn import HBN
 from .fbn import FBN
 from .fixbn import FixBN
+from .singleset import SingleSet
 from .registry import METHODS, get_method, list_methods, register_method
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "HBN",
     "FBN",
     "FixBN",
+    "SingleSet",
     "METHODS",
     "get_method",
     "list_methods",

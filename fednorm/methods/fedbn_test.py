@@ -70,3 +70,19 @@ def test_fedbn_clients_differ_after_training_and_are_evaluated_personally():
 def test_fedbn_without_bn_warns_that_it_is_fedavg():
     with pytest.warns(UserWarning, match="equals FedAvg"):
         _sim("fedbn", norm="gn")
+
+
+def test_fedbn_client_bn_after_its_first_round_ignores_other_clients_data():
+    """Change client 1's training images: client 0's BN tensors after round 1 stay bit-identical."""
+    a = _sim("fedbn", rounds=1)
+    b = _sim("fedbn", rounds=1)
+    ix1 = b.data.client_train[1]
+    b.data.train_x[ix1] = torch.randn_like(b.data.train_x[ix1]) * 3 + 1  # only client 1's data differs
+    a.step(), b.step()
+    for k in a.method.local_keys:
+        assert torch.equal(a.bank.get(0)[k], b.bank.get(0)[k]), k
+    key = next(k for k in a.method.local_keys if k.endswith("running_mean"))
+    assert not torch.equal(a.bank.get(1)[key], b.bank.get(1)[key])  # the change did reach client 1
+    # the shared weights did mix client 1's data in: the isolation is specific to BN tensors
+    shared = [k for k in a.method.shared_keys if a.global_state[k].is_floating_point()]
+    assert any(not torch.equal(a.global_state[k], b.global_state[k]) for k in shared)

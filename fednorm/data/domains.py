@@ -1,0 +1,491 @@
+"""Multi-source (feature-shift) datasets: one array per split plus the source of every sample.
+
+FedBN's setting (spec/004_fedbn.md §2) gives each client one data source ("domain") with its
+own train and test split. A :class:`MultiDomainDataset` is an ordinary :class:`ImageDataset`
+(``data``, ``targets``) with two more attributes, ``domains`` (int64 source index of every
+sample) and ``domain_names``; the ``domains`` partition assigns whole sources to clients, and
+:func:`~fednorm.data.federated.build_federated_data` draws each such client's test split from
+its own source's test set.
+
+Registered datasets:
+
+* ``digits_domains`` — generated offline from MNIST, USPS and CIFAR-10
+  (:mod:`fednorm.data.digits_domains`), cached as an ``.npz``.
+* ``digits5`` — the real Digits-5 (MNIST, SVHN, USPS, SynthDigits, MNIST-M) in FedBN's released
+  pickles or in the sources' upstream formats.
+* ``office_caltech10``, ``domainnet``, ``image_folder`` — image folders
+  ``root/<domain>/<class>/*.{jpg,png}``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from ..errors import DatasetError
+from .datasets import (
+    CIFAR10,
+    MNIST,
+    USPS,
+    DatasetInfo,
+    ImageDataset,
+    _CifarUnpickler,
+    _Found,
+    _load_npz,
+    _stratified_split,
+    register_dataset,
+)
+from .digits_domains import DOMAIN_NAMES, cache_key, find_fonts, generate_digits_domains, to_rgb28
+
+__all__ = ["MultiDomainDataset", "generated_cache_dir", "DigitsDomains", "Digits5", "ImageFolderDomains", "OfficeCaltech10", "DomainNet"]
+
+_DIGITS = [str(i) for i in range(10)]
+_HALF = (0.5, 0.5, 0.5)  # FedBN's Normalize((0.5,)*3, (0.5,)*3) for every digits domain
+
+
+class MultiDomainDataset(ImageDataset):
+    """An :class:`ImageDataset` whose samples come from several sources.
+
+    Subclasses' ``_load`` returns ``(data, targets, domains)``; ``domain_names[d]`` names source
+    ``d``. Attributes as :class:`ImageDataset`, plus ``domains`` (int64, ``N``) and
+    ``domain_names``.
+    """
+
+    domain_names: list[str]
+
+    def __init__(self, root: str | os.PathLike | None = None, train: bool = True, download: bool = False) -> None:
+        self._domains: np.ndarray | None = None
+        super().__init__(root, train, download)
+        domains = np.asarray(self._domains, dtype=np.int64)
+        if domains.shape != self.targets.shape:
+            raise DatasetError(f"{self.info.name}: {len(domains)} domain labels for {len(self.targets)} samples")
+        if domains.size and (domains.min() < 0 or domains.max() >= len(self.domain_names)):
+            raise DatasetError(f"{self.info.name}: domain indices outside [0, {len(self.domain_names)})")
+        self.domains = domains
+
+    def _load(self, found: _Found) -> tuple[np.ndarray, np.ndarray]:
+        data, targets, domains = self._load_domains(found)
+        self._domains = domains
+        return data, targets
+
+    def _load_domains(self, found: _Found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def domain_sizes(self) -> dict[str, int]:
+        counts = np.bincount(self.domains, minlength=len(self.domain_names))
+        return {n: int(c) for n, c in zip(self.domain_names, counts)}
+
+
+# -- generated digits domains ---------------------------------------------------------------
+
+
+def generated_cache_dir() -> Path:
+    """Folder for generated data: ``$FEDNORM_CACHE``, else ``~/.cache/fednorm/generated``.
+
+    Never the data folder itself, which may be a shared, read-only copy.
+    """
+    env = os.environ.get("FEDNORM_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "fednorm" / "generated"
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK)
+
+
+@register_dataset("digits_domains")
+class DigitsDomains(MultiDomainDataset):
+    """Five feature-shifted digit domains built offline (see :mod:`fednorm.data.digits_domains`).
+
+    ``mnist``, ``usps``, ``synth`` (printed digits), ``mnistm`` (MNIST-M style) and ``colour``
+    (colour/contrast/inversion shift), each 7,438 train / 1,860 test, 28×28×3, normalised with
+    mean = std = 0.5 as FedBN's code. Needs MNIST, USPS and CIFAR-10 in ``root`` in any layout
+    their loaders accept (e.g. the npz files of the team's shared data). The result is cached in
+    :func:`generated_cache_dir` (a copy placed in ``root`` is used too); the file name encodes
+    the generator version, seed and fonts. Generation (seed 0) takes about ten seconds.
+    """
+
+    info = DatasetInfo(name="digits_domains", num_classes=10, in_channels=3, image_size=(28, 28), mean=_HALF, std=_HALF)
+    classes = _DIGITS
+    domain_names = list(DOMAIN_NAMES)
+    generation_seed: ClassVar[int] = 0
+
+    def _cache_name(self) -> str:
+        return cache_key(self.generation_seed, find_fonts())
+
+    def _cache_folders(self) -> list[Path]:
+        """Where a generated file is looked for: ``root`` (pre-generated copies), then the cache."""
+        assert self.root is not None
+        return [self.root, generated_cache_dir()]
+
+    def _locate(self) -> tuple[_Found | None, list[str]]:
+        name = self._cache_name()
+        for folder in self._cache_folders():
+            if (folder / name).is_file():
+                return _Found("npz", (folder / name,)), []
+        target = generated_cache_dir()
+        if not _writable(target):
+            return None, [f"the cache folder {target} is not writable (set $FEDNORM_CACHE)"]
+        try:
+            arrays = generate_digits_domains(self._load_source, seed=self.generation_seed)
+        except DatasetError as exc:
+            return None, [f"digits_domains is generated from MNIST, USPS and CIFAR-10 in {self.root}: {exc}"]
+        tmp = target / f"{name}.{os.getpid()}.part.npz"
+        np.savez(tmp, **arrays)
+        os.replace(tmp, target / name)  # atomic: concurrent runs never read a half-written file
+        return _Found("npz", (target / name,)), []
+
+    def _load_source(self, name: str, train: bool) -> tuple[np.ndarray, np.ndarray]:
+        cls = {"mnist": MNIST, "usps": USPS, "cifar10": CIFAR10}[name]
+        ds = cls(self.root, train=train)
+        return ds.data, ds.targets
+
+    def _load_domains(self, found: _Found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        path = found.paths[0]
+        split = "train" if self.train else "test"
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return z[f"x_{split}"], z[f"y_{split}"], z[f"d_{split}"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise DatasetError(f"Could not read {path}: {exc}. Delete it to regenerate.") from exc
+
+    def _advice(self) -> str:
+        return (
+            "Put MNIST (mnist_{train,test}.npz or the IDX files), USPS (usps_{train,test}.npz or usps.bz2) and "
+            "CIFAR-10 (cifar10_train*.npz + cifar10_test*.npz or cifar-10-batches-py) in --data-dir "
+            "(e.g. the team's shared/data)."
+        )
+
+
+# -- the real Digits-5 ----------------------------------------------------------------------
+
+
+def _read_pickle_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(images, labels)`` from one of FedBN's ``.pkl`` files, unpickling numpy arrays only."""
+    try:
+        with open(path, "rb") as f:
+            obj = _CifarUnpickler(f, encoding="latin1").load()
+    except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError) as exc:
+        raise DatasetError(f"Could not read {path}: {exc}. The file is truncated or corrupt.") from exc
+    if not (isinstance(obj, (tuple, list)) and len(obj) == 2):
+        raise DatasetError(f"{path} must hold a pickled (images, labels) pair, got {type(obj).__name__}")
+    return np.asarray(obj[0]), np.asarray(obj[1])
+
+
+def _read_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """SVHN/SynthDigits ``.mat``: ``X`` ``H×W×3×N`` uint8, ``y`` ``N×1`` (10 means digit 0)."""
+    try:
+        from scipy.io import loadmat
+
+        mat = loadmat(path)
+    except Exception as exc:  # scipy raises several unrelated types for bad files
+        raise DatasetError(f"Could not read {path}: {exc}. The file is truncated or corrupt.") from exc
+    if "X" not in mat or "y" not in mat:
+        raise DatasetError(f"{path} must hold arrays 'X' (H×W×3×N) and 'y' (N×1)")
+    x = np.asarray(mat["X"])
+    if x.ndim != 4:
+        raise DatasetError(f"{path}: 'X' must be H×W×3×N, got shape {x.shape}")
+    y = np.asarray(mat["y"]).reshape(-1).astype(np.int64)
+    return np.moveaxis(x, -1, 0).astype(np.uint8), np.where(y == 10, 0, y)
+
+
+def _read_mnistm_folder(folder: Path, labels_file: Path) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST-M's original release: PNGs in ``folder`` listed with labels in ``labels_file``."""
+    from PIL import Image
+
+    names, labels = [], []
+    for line in labels_file.read_text().splitlines():
+        if line.strip():
+            name, label = line.split()
+            names.append(name)
+            labels.append(int(label))
+    try:
+        images = np.stack([np.asarray(Image.open(folder / n).convert("RGB")) for n in names])
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"Could not read the MNIST-M images in {folder}: {exc}") from exc
+    return images, np.asarray(labels, dtype=np.int64)
+
+
+def _as_images(x: np.ndarray, where: str) -> np.ndarray:
+    if x.ndim == 3:
+        x = x[..., None]
+    if x.ndim != 4 or x.shape[-1] not in (1, 3):
+        raise DatasetError(f"{where}: expected N×H×W or N×H×W×{{1,3}} images, got {x.shape}")
+    return x.astype(np.uint8)
+
+
+@register_dataset("digits5")
+class Digits5(MultiDomainDataset):
+    """The real Digits-5 domains (FedBN's benchmark): MNIST, SVHN, USPS, SynthDigits, MNIST-M.
+
+    Each domain is searched in ``root`` (and ``root/digits5``, ``root/Digits``), first in
+    FedBN's released layout — ``<Domain>/partitions/train_part{0..9}.pkl`` and
+    ``<Domain>/test.pkl``, each a pickled ``(images, labels)`` pair, with ``<Domain>`` one of
+    ``MNIST``, ``SVHN``, ``USPS``, ``SynthDigits``, ``MNIST_M`` (only numpy arrays are
+    unpickled) — then in the upstream formats:
+
+    * MNIST and USPS: whatever :class:`MNIST` / :class:`USPS` read (IDX, libsvm, npz);
+    * SVHN: ``train_32x32.mat`` / ``test_32x32.mat`` (label 10 is digit 0);
+    * SynthDigits: ``synth_train_32x32.mat`` / ``synth_test_32x32.mat`` (SVHN's format);
+    * MNIST-M: ``mnist_m/mnist_m_{train,test}/*.png`` + ``mnist_m_{train,test}_labels.txt``;
+    * any domain: ``<domain>_{train,test}.npz`` (``x``, ``y``).
+
+    Images become 28×28×3 (bilinear resize, grey replicated), normalised with 0.5/0.5 as FedBN.
+    [code≠here] With upstream files, the sources' own train/test splits are used; FedBN's
+    preprocessing pools them and re-splits 80/20, so test-set sizes differ from the paper's.
+    Equal training sizes per client come from the ``domains`` partition (``per_client``).
+    """
+
+    info = DatasetInfo(name="digits5", num_classes=10, in_channels=3, image_size=(28, 28), mean=_HALF, std=_HALF)
+    classes = _DIGITS
+    domain_names = ["mnist", "svhn", "usps", "synth", "mnistm"]
+    fedbn_folders: ClassVar[dict[str, str]] = {
+        "mnist": "MNIST", "svhn": "SVHN", "usps": "USPS", "synth": "SynthDigits", "mnistm": "MNIST_M",
+    }  # fmt: skip
+
+    def _bases(self) -> list[Path]:
+        assert self.root is not None
+        return [b for b in (self.root, self.root / "digits5", self.root / "Digits") if b.is_dir()]
+
+    def _locate_domain(self, domain: str) -> tuple[str, tuple[Path, ...]] | None:
+        split = "train" if self.train else "test"
+        for base in self._bases():
+            folder = base / self.fedbn_folders[domain]
+            if self.train:
+                parts = sorted((folder / "partitions").glob("train_part*.pkl"), key=lambda p: int(p.stem.rsplit("part", 1)[1]))
+                if parts:
+                    return "fedbn_pkl", tuple(parts)
+            elif (folder / "test.pkl").is_file():
+                return "fedbn_pkl", (folder / "test.pkl",)
+            npz = base / f"{domain}_{split}.npz"
+            if npz.is_file():
+                return "npz", (npz,)
+            mat = {"svhn": f"{split}_32x32.mat", "synth": f"synth_{split}_32x32.mat"}.get(domain)
+            for f in (base / mat, base / self.fedbn_folders[domain] / mat) if mat else ():
+                if f.is_file():
+                    return "mat", (f,)
+            if domain == "mnistm":
+                for m in (base / "mnist_m", base / "MNIST_M"):
+                    if (m / f"mnist_m_{split}_labels.txt").is_file():
+                        return "mnistm_png", (m / f"mnist_m_{split}", m / f"mnist_m_{split}_labels.txt")
+        if domain in ("mnist", "usps"):
+            try:
+                cls = MNIST if domain == "mnist" else USPS
+                ds = cls(self.root, train=self.train)
+            except DatasetError:
+                return None
+            return "loader", ds.source.paths
+        return None
+
+    def _locate(self) -> tuple[_Found | None, list[str]]:
+        found: list[Path] = []
+        self._layouts: dict[str, tuple[str, tuple[Path, ...]]] = {}
+        missing = []
+        for d in self.domain_names:
+            loc = self._locate_domain(d)
+            if loc is None:
+                missing.append(d)
+            else:
+                self._layouts[d] = loc
+                found += loc[1]
+        if missing:
+            return None, [f"no files for domain(s) {', '.join(missing)}"]
+        return _Found("digits5", tuple(found)), []
+
+    def _load_one(self, domain: str) -> tuple[np.ndarray, np.ndarray]:
+        layout, paths = self._layouts[domain]
+        if layout == "fedbn_pkl":
+            pairs = [_read_pickle_arrays(p) for p in paths]
+            x, y = np.concatenate([_as_images(a, str(p)) for (a, _), p in zip(pairs, paths)]), np.concatenate([b for _, b in pairs])
+        elif layout == "npz":
+            x, y = _load_npz(paths[0])
+        elif layout == "mat":
+            x, y = _read_mat(paths[0])
+        elif layout == "mnistm_png":
+            x, y = _read_mnistm_folder(*paths)
+        else:
+            ds = (MNIST if domain == "mnist" else USPS)(self.root, train=self.train)
+            x, y = ds.data, ds.targets
+        x = _as_images(np.asarray(x), f"{domain} in {paths[0]}")
+        y = np.asarray(y).reshape(-1).astype(np.int64)
+        if len(x) != len(y):
+            raise DatasetError(f"{domain}: {len(x)} images but {len(y)} labels in {paths[0]}")
+        return to_rgb28(x), y
+
+    def _load_domains(self, found: _Found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        xs, ys, ds = [], [], []
+        for i, d in enumerate(self.domain_names):
+            x, y = self._load_one(d)
+            xs.append(x), ys.append(y), ds.append(np.full(len(y), i, dtype=np.int64))
+        return np.concatenate(xs), np.concatenate(ys), np.concatenate(ds)
+
+    def _advice(self) -> str:
+        return (
+            "Digits-5 is not downloadable automatically: put FedBN's released folders (MNIST, SVHN, USPS, "
+            "SynthDigits, MNIST_M with partitions/train_part*.pkl and test.pkl) or the upstream files "
+            "(train_32x32.mat, synth_train_32x32.mat, mnist_m/...) in --data-dir. Offline, use 'digits_domains'."
+        )
+
+
+# -- image folders (Office-Caltech10, DomainNet) ----------------------------------------------
+
+_IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp"}
+
+
+def _ci_child(folder: Path, name: str) -> Path | None:
+    """The child of ``folder`` called ``name``, ignoring case."""
+    exact = folder / name
+    if exact.is_dir():
+        return exact
+    for p in folder.iterdir() if folder.is_dir() else ():
+        if p.is_dir() and p.name.lower() == name.lower():
+            return p
+    return None
+
+
+class ImageFolderDomains(MultiDomainDataset):
+    """Images in ``root[/base_folder]/<domain>/<class>/*`` (Office-Caltech10 and DomainNet layout).
+
+    Every image is converted to RGB and resized to ``image_size`` (bilinear) once, at load.
+    Splits: ``<domain>/{train,test}/<class>/*`` when those folders exist; else DomainNet's
+    ``<domain>_{train,test}.txt`` lists (``domain/class/file label`` per line) when present;
+    else a deterministic stratified 80/20 split of each domain (seed 0, like ``digits``).
+    ``domain_names``/``classes`` are fixed by subclasses; the generic ``image_folder`` takes
+    every domain folder and the union of class folders, sorted.
+    """
+
+    base_folders: ClassVar[tuple[str, ...]] = ()
+    image_size: ClassVar[int] = 64
+    fixed_domains: ClassVar[list[str] | None] = None
+    fixed_classes: ClassVar[list[str] | None] = None
+    info = DatasetInfo(name="image_folder", num_classes=1, in_channels=3, image_size=(64, 64), mean=_HALF, std=_HALF)
+
+    def _base(self) -> Path | None:
+        assert self.root is not None
+        for b in (*(self.root / f for f in self.base_folders), self.root):
+            if b.is_dir() and (self.fixed_domains is None or all(_ci_child(b, d) for d in self.fixed_domains)):
+                return b
+        return None
+
+    def _locate(self) -> tuple[_Found | None, list[str]]:
+        base = self._base()
+        if base is None:
+            want = ", ".join(self.fixed_domains or ["<domain>"])
+            return None, [f"no folder with domain subfolders {want}"]
+        domains = self.fixed_domains or sorted(p.name for p in base.iterdir() if p.is_dir())
+        folders = [_ci_child(base, d) for d in domains]
+        classes = self.fixed_classes
+        if classes is None:
+            names: set[str] = set()
+            for f in folders:
+                assert f is not None
+                root = f / "train" if (f / "train").is_dir() else f
+                names |= {p.name for p in root.iterdir() if p.is_dir()}
+            classes = sorted(names)
+        if not classes or not domains:
+            return None, [f"{base} holds no <domain>/<class>/ image folders"]
+        self.domain_names = list(domains)
+        self.classes = list(classes)
+        self._folders = folders
+        self._base_path = base
+        self.info = DatasetInfo(
+            name=type(self).info.name, num_classes=len(classes), in_channels=3,
+            image_size=(self.image_size, self.image_size), mean=_HALF, std=_HALF,
+        )  # fmt: skip
+        return _Found("image_folder", (base,)), []
+
+    def _domain_files(self, d: int, folder: Path) -> list[tuple[Path, int]]:
+        split = "train" if self.train else "test"
+        cls_index = {c.lower(): i for i, c in enumerate(self.classes)}
+
+        def scan(root: Path) -> list[tuple[Path, int]]:
+            out = []
+            for cdir in sorted(p for p in root.iterdir() if p.is_dir()):
+                c = cls_index.get(cdir.name.lower())
+                if c is not None:
+                    out += [(f, c) for f in sorted(cdir.iterdir()) if f.suffix.lower() in _IMAGE_SUFFIXES]
+            return out
+
+        if (folder / split).is_dir():
+            return scan(folder / split)
+        listing = self._base_path / f"{self.domain_names[d]}_{split}.txt"
+        if listing.is_file():
+            out = []
+            for line in listing.read_text().splitlines():
+                if line.strip():
+                    rel = line.split()[0]
+                    c = cls_index.get(Path(rel).parent.name.lower())
+                    if c is not None:
+                        out.append((self._base_path / rel, c))
+            return out
+        files = scan(folder)
+        labels = np.array([c for _, c in files], dtype=np.int64)
+        if len(labels) == 0:
+            return []
+        tr, te = _stratified_split(labels, 0.2, 0)
+        return [files[i] for i in (tr if self.train else te)]
+
+    def _load_domains(self, found: _Found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        from PIL import Image
+
+        xs, ys, ds = [], [], []
+        size = (self.image_size, self.image_size)
+        for d, folder in enumerate(self._folders):
+            assert folder is not None
+            for path, c in self._domain_files(d, folder):
+                try:
+                    with Image.open(path) as im:
+                        xs.append(np.asarray(im.convert("RGB").resize(size, Image.BILINEAR)))
+                except (OSError, ValueError) as exc:
+                    raise DatasetError(f"Could not read image {path}: {exc}") from exc
+                ys.append(c)
+                ds.append(d)
+        if not xs:
+            return np.empty((0, *size, 3), np.uint8), np.empty(0, np.int64), np.empty(0, np.int64)
+        return np.stack(xs), np.asarray(ys, np.int64), np.asarray(ds, np.int64)
+
+    def _advice(self) -> str:
+        folders = " or ".join(str(self.root / f) for f in (*self.base_folders, "")) if self.root else "--data-dir"
+        return f"Put the images as <domain>/<class>/*.jpg under {folders}."
+
+
+@register_dataset("image_folder")
+class ImageFolder(ImageFolderDomains):
+    """Any ``root/<domain>/<class>/*`` tree, 64×64 (see :class:`ImageFolderDomains`)."""
+
+    info = DatasetInfo(name="image_folder", num_classes=1, in_channels=3, image_size=(64, 64), mean=_HALF, std=_HALF)
+
+
+@register_dataset("office_caltech10")
+class OfficeCaltech10(ImageFolderDomains):
+    """Office-Caltech10 (FedBN §5): amazon, caltech, dslr, webcam; the 10 shared classes; 256×256
+    as FedBN's AlexNet input; no mean/std normalisation in FedBN's code (here 0.5/0.5)."""
+
+    base_folders = ("office_caltech_10", "office_caltech10", "OfficeCaltech10")
+    image_size = 256
+    fixed_domains = ["amazon", "caltech", "dslr", "webcam"]
+    fixed_classes = ["back_pack", "bike", "calculator", "headphones", "keyboard",
+                     "laptop_computer", "monitor", "mouse", "mug", "projector"]  # fmt: skip
+    classes = fixed_classes
+    info = DatasetInfo(name="office_caltech10", num_classes=10, in_channels=3, image_size=(256, 256), mean=_HALF, std=_HALF)
+
+
+@register_dataset("domainnet")
+class DomainNet(ImageFolderDomains):
+    """DomainNet with FedBN's top-10 classes (spec/004_fedbn.md §2.3); 256×256. Uses DomainNet's
+    ``<domain>_{train,test}.txt`` lists when they are in the folder."""
+
+    base_folders = ("domainnet", "DomainNet")
+    image_size = 256
+    fixed_domains = ["clipart", "infograph", "painting", "quickdraw", "real", "sketch"]
+    fixed_classes = ["bird", "feather", "headphones", "ice_cream", "teapot", "tiger", "whale", "windmill", "wine_glass", "zebra"]
+    classes = fixed_classes
+    info = DatasetInfo(name="domainnet", num_classes=10, in_channels=3, image_size=(256, 256), mean=_HALF, std=_HALF)
