@@ -49,6 +49,8 @@ METHODS = {
     "silobn": {"method": "silobn", "method_args": {"weighting": "uniform"}},
     "fedbn": {"method": "fedbn", "method_args": {"weighting": "uniform"}},
     "singleset": {"method": "singleset", "method_args": {}},
+    "fedprox": {"method": "fedavg", "method_args": {"weighting": "uniform"}, "client_opt": "fedprox",
+                "client_opt_args": {"mu": 0.01}},
 }
 
 
