@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..nn.comm import ClientComm
 from ..nn.stacked import set_row_mask, to_client_layout
 
 __all__ = ["synced_loss", "scale_client_grads"]
@@ -36,6 +37,7 @@ def synced_loss(
     ys: Sequence[torch.Tensor],
     *,
     channels_last: bool = False,
+    comm: ClientComm | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward every client's batch through ``forward`` in one stacked pass.
 
@@ -44,6 +46,8 @@ def synced_loss(
         net: the stacked model whose BN layers are synchronised (for the row mask).
         xs, ys: each client's batch (``B_i × ...``) and labels.
         channels_last: convert 4-d input to channels-last memory format.
+        comm: where the other clients are (default: all in ``xs``); with clients spread over
+            processes the weights ``p_i`` are normalised by the batch sizes of all of them.
 
     Returns:
         ``(losses, total, p)``: each client's mean loss ``F_i`` ``[K]``, the loss to
@@ -69,7 +73,8 @@ def synced_loss(
     if ragged:
         per_sample = per_sample * mask.t().to(per_sample.dtype)
     losses = per_sample.sum(dim=1) / size_t
-    p = size_t / size_t.sum()
+    total_size = size_t.sum() if comm is None else comm.sum(size_t.unsqueeze(1)).reshape(()).detach()
+    p = size_t / total_size
     return losses, (p * losses).sum(), p
 
 
