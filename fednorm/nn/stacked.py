@@ -95,8 +95,8 @@ def set_row_mask(model: nn.Module, mask: torch.Tensor | None) -> nn.Module:
 
 
 def set_frozen_statistics(model: nn.Module, frozen: bool) -> nn.Module:
-    """Make BatchNorm (stacked or not) normalise with its running statistics in training too and
-    stop updating them (FedTAN-II after its switch round; FixBN's second phase)."""
+    """Make every :class:`StackedBatchNorm` normalise with its running statistics in training too
+    and stop updating them (FedTAN-II after its switch round)."""
     for m in model.modules():
         if isinstance(m, StackedBatchNorm):
             m.frozen = frozen
