@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, machine, write_result  # noqa: E402
-from optimizers import subset  # noqa: E402
+from _common import machine, write_result  # noqa: E402
+from optimizers import add_scale_args, scaled_setting  # noqa: E402
 
 from fednorm.config import ExperimentConfig  # noqa: E402
 from fednorm.data.federated import federated_data_from_config  # noqa: E402
@@ -66,26 +66,14 @@ def main() -> None:
     ap.add_argument("--phi", type=float, default=0.6)
     ap.add_argument("--norms", default=None, help="default: all of Table 1, or bn,gn,hbn for Table 2")
     ap.add_argument("--batch-sizes", default="2,4,8,16,32")
-    ap.add_argument("--clients", type=int, default=20)
-    ap.add_argument("--per-round", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=25)
-    ap.add_argument("--eval-every", type=int, default=5)
-    ap.add_argument("--train-per-class", type=int, default=300)
-    ap.add_argument("--test-per-class", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=42)
+    add_scale_args(ap)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     norms = (args.norms or ("bn,gn,ln,fn,fixbn,fbn,hbn" if args.table == 1 else "bn,gn,hbn")).split(",")
     batches = [4] if args.table == 1 else [int(b) for b in args.batch_sizes.split(",")]
     out = args.out or f"benchmarks/results/hbn_table{args.table}_phi{args.phi:g}.json"
     tmp = tempfile.TemporaryDirectory()
-    subset(data_dir(args.data_dir), Path(tmp.name), args.train_per_class, args.test_per_class, args.seed)
-    base = dict(
-        dataset="cifar10", data_dir=tmp.name, partition="dirichlet", alpha=args.phi, min_size=4,
-        num_clients=args.clients, clients_per_round=args.per_round, model="simple_cnn", rounds=args.rounds,
-        local_epochs=1, drop_last=True, lr=0.01, lr_decay=0.998, momentum=0.9, weight_decay=0.0,
-        max_grad_norm=10.0, eval_every=args.eval_every, seed=args.seed, threads=1,
-    )
+    base = scaled_setting(args, tmp.name, phi=args.phi)
     data = federated_data_from_config(ExperimentConfig(**base, batch_size=4))
     results = []
     for bsz in batches:

@@ -68,11 +68,8 @@ def subset(src: str, dst: Path, train_per_class: int, test_per_class: int, seed:
         np.savez(dst / f"cifar10_{name}.npz", x=xs[idx], y=ys[idx])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir")
-    ap.add_argument("--rows", default=",".join(ROWS))
-    ap.add_argument("--norms", default="bn,hbn", help="norms for every row (FedAdam also runs with GN)")
+def add_scale_args(ap: argparse.ArgumentParser) -> None:
+    """The options that scale the HBN paper's federation down to a CPU (shared with hbn_tables.py)."""
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--per-round", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=25)
@@ -80,17 +77,31 @@ def main() -> None:
     ap.add_argument("--train-per-class", type=int, default=300)
     ap.add_argument("--test-per-class", type=int, default=100)
     ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--out", default="benchmarks/results/optimizers.json")
-    args = ap.parse_args()
-    src = data_dir(args.data_dir)
-    tmp = tempfile.TemporaryDirectory()
-    subset(src, Path(tmp.name), args.train_per_class, args.test_per_class, args.seed)
-    base = dict(
-        dataset="cifar10", data_dir=tmp.name, partition="dirichlet", alpha=0.6, min_size=4,
+
+
+def scaled_setting(args: argparse.Namespace, tmp_dir: str, *, phi: float) -> dict:
+    """The HBN paper's local setting on the CIFAR-10 subset written to ``tmp_dir`` (no batch size:
+    the callers set it). Simple-CNN, one local epoch, SGD lr 0.01, momentum 0.9, decay 0.998,
+    clipping at 10, Dirichlet ``phi``."""
+    subset(data_dir(args.data_dir), Path(tmp_dir), args.train_per_class, args.test_per_class, args.seed)
+    return dict(
+        dataset="cifar10", data_dir=tmp_dir, partition="dirichlet", alpha=phi, min_size=4,
         num_clients=args.clients, clients_per_round=args.per_round, model="simple_cnn", rounds=args.rounds,
-        local_epochs=1, batch_size=4, drop_last=True, lr=0.01, lr_decay=0.998, momentum=0.9, weight_decay=0.0,
+        local_epochs=1, drop_last=True, lr=0.01, lr_decay=0.998, momentum=0.9, weight_decay=0.0,
         max_grad_norm=10.0, eval_every=args.eval_every, seed=args.seed, threads=1,
     )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir")
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--norms", default="bn,hbn", help="norms for every row (FedAdam also runs with GN)")
+    add_scale_args(ap)
+    ap.add_argument("--out", default="benchmarks/results/optimizers.json")
+    args = ap.parse_args()
+    tmp = tempfile.TemporaryDirectory()
+    base = {**scaled_setting(args, tmp.name, phi=0.6), "batch_size": 4}
     data = federated_data_from_config(ExperimentConfig(**base))
     sizes = data.client_sizes()
     print(f"{len(data.train_y)} train / {len(data.test_y)} test images, client sizes {int(sizes.min())}..{int(sizes.max())}")

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import inspect
 from typing import Any, Callable, Generic, Iterable, TypeVar
 
-from .errors import UnknownNameError
+from .errors import ConfigError, UnknownNameError
 
 __all__ = ["Registry", "normalize_name"]
 
@@ -87,3 +88,14 @@ class Registry(Generic[T]):
         """Call the builder with ``config``, dropping ``None`` values so builder defaults survive."""
         builder = self.get_builder(name)
         return builder(**{k: v for k, v in config.items() if v is not None})  # type: ignore[operator]
+
+    def build_from_config(self, name: str, field: str, config: dict[str, Any]) -> Any:
+        """:meth:`build` for user options: a rejected option raises ConfigError naming ``field``
+        (e.g. ``method_args``) and the builder's valid options."""
+        builder = self.get_builder(name)
+        try:
+            return builder(**{k: v for k, v in config.items() if v is not None})  # type: ignore[operator]
+        except TypeError as exc:
+            params = inspect.signature(builder).parameters  # type: ignore[arg-type]
+            valid = ", ".join(p for p in params if p != "self") or "none"
+            raise ConfigError(f"{field} for '{name}': {exc} (valid options: {valid})") from None

@@ -17,13 +17,13 @@ the server's copies, not any client's).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..engine.outputs import json_safe
 from .metrics import collapse_report, extract_features, local_overfitting, norm_report, sample_per_class, toggle_feature_norm
 
 __all__ = ["analyze_run", "pick_one_class_client", "format_table"]
@@ -39,15 +39,6 @@ def pick_one_class_client(histogram: np.ndarray) -> int:
         raise ValueError("every client is empty")
     return min(candidates, key=lambda c: (held[c], -sizes[c], c))
 
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
 
 
 def analyze_run(
@@ -134,7 +125,7 @@ def analyze_run(
         over = local_overfitting(net, x_client, y_client, x_test, y_test, num_classes, steps=steps, lr=local_lr, seed=cfg.seed)
         trained = over.pop("model")
         result["local"][name] = {**over, **describe(trained)}
-    result = _clean(result)
+    result = json_safe(result)
     (run_dir / "analysis.json").write_text(json.dumps(result, indent=2) + "\n")
     if plots:
         _plot(result, run_dir)

@@ -15,17 +15,17 @@ from typing import Any
 
 from ..config import ExperimentConfig
 
-__all__ = ["RunWriter", "read_metrics", "read_summary", "default_run_dir"]
+__all__ = ["RunWriter", "read_metrics", "read_summary", "default_run_dir", "json_safe"]
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON cannot hold NaN/Inf: write them as null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -55,7 +55,7 @@ class RunWriter:
         self.config = config
         self._atomic_write("config.yaml", config.to_yaml())
         if history is not None:
-            self._atomic_write("metrics.jsonl", "".join(json.dumps(_clean(r)) + "\n" for r in history))
+            self._atomic_write("metrics.jsonl", "".join(json.dumps(json_safe(r)) + "\n" for r in history))
             self._metrics = open(self.dir / "metrics.jsonl", "a")
         else:
             self._metrics = open(self.dir / "metrics.jsonl", "w")
@@ -66,12 +66,12 @@ class RunWriter:
         os.replace(tmp, self.dir / name)
 
     def log(self, record: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(_clean(record)) + "\n")
+        self._metrics.write(json.dumps(json_safe(record)) + "\n")
         self._metrics.flush()
 
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         self.close()
-        self._atomic_write("summary.json", json.dumps(_clean(summary), indent=2) + "\n")
+        self._atomic_write("summary.json", json.dumps(json_safe(summary), indent=2) + "\n")
         if history:
             from ..plotting import plot_accuracy
 

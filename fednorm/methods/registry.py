@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigError
 from ..registry import Registry
 from .base import Method
 
@@ -20,8 +19,4 @@ def list_methods(include: Any = None, exclude: Any = None) -> list[str]:
 
 def get_method(name: str, **config: Any) -> Method:
     """Build a method from its name and its options (``method_args``)."""
-    cls = METHODS.get_builder(name)
-    try:
-        return cls(**{k: v for k, v in config.items() if v is not None})
-    except TypeError as exc:
-        raise ConfigError(f"method_args for '{name}': {exc}") from None
+    return METHODS.build_from_config(name, "method_args", config)

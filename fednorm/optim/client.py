@@ -14,7 +14,6 @@ drift from); FedProx anchors every trainable parameter to its value at the start
 
 from __future__ import annotations
 
-import inspect
 import copy
 import warnings
 from typing import Any, ClassVar
@@ -26,6 +25,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..methods.base import ClientContext, ClientUpdates, Method
 from ..registry import Registry
+from .checks import check_number
 
 __all__ = [
     "CLIENT_OPTIMIZERS",
@@ -48,20 +48,8 @@ def list_client_optimizers(include: Any = None, exclude: Any = None) -> list[str
 
 def get_client_optimizer(name: str, **config: Any) -> "ClientOptimizer":
     """Build a client optimizer from its name and its options (``client_opt_args``)."""
-    cls = CLIENT_OPTIMIZERS.get_builder(name)
-    try:
-        return cls(**{k: v for k, v in config.items() if v is not None})
-    except TypeError as exc:
-        valid = ", ".join(p for p in inspect.signature(cls.__init__).parameters if p != "self") or "none"
-        raise ConfigError(f"client_opt_args for '{name}': {exc} (valid options: {valid})") from None
+    return CLIENT_OPTIMIZERS.build_from_config(name, "client_opt_args", config)
 
-
-def _number(name: str, value: Any, *, low: float, low_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise ConfigError(f"{name} must be a number, got {value!r}")
-    if value < low or (low_open and value == low):
-        raise ConfigError(f"{name} must be {'>' if low_open else '>='} {low}, got {value!r}")
-    return float(value)
 
 
 class ClientOptimizer:
@@ -132,7 +120,7 @@ class FedProx(ClientOptimizer):
     uses_loss = True
 
     def __init__(self, mu: float = 0.01) -> None:
-        self.mu = _number("fedprox mu", mu, low=0.0)
+        self.mu = check_number("fedprox mu", mu, 0.0)
         if self.mu == 0:
             warnings.warn("fedprox with mu=0 is equivalent to FedAvg", stacklevel=3)
         self._anchor: list[tuple[nn.Parameter, torch.Tensor]] = []
@@ -290,8 +278,8 @@ class Moon(ClientOptimizer):
     uses_end = True
 
     def __init__(self, mu: float = 1.0, temperature: float = 0.5) -> None:
-        self.mu = _number("moon mu", mu, low=0.0)
-        self.temperature = _number("moon temperature", temperature, low=0.0, low_open=True)
+        self.mu = check_number("moon mu", mu, 0.0)
+        self.temperature = check_number("moon temperature", temperature, 0.0, low_open=True)
         self._global: nn.Module | None = None
         self._prev: nn.Module | None = None
         self._hooks: list[Any] = []

@@ -13,13 +13,12 @@ Moments are kept in float64 and the result is cast back to the parameter's dtype
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, ClassVar
 
 import torch
 
-from ..errors import ConfigError
 from ..registry import Registry
+from .checks import check_number
 
 __all__ = [
     "SERVER_OPTIMIZERS",
@@ -42,24 +41,8 @@ def list_server_optimizers(include: Any = None, exclude: Any = None) -> list[str
 
 def get_server_optimizer(name: str, **config: Any) -> "ServerOptimizer":
     """Build a server optimizer from its name and its options (``server_opt_args``)."""
-    cls = SERVER_OPTIMIZERS.get_builder(name)
-    try:
-        return cls(**{k: v for k, v in config.items() if v is not None})
-    except TypeError as exc:
-        valid = ", ".join(p for p in inspect.signature(cls.__init__).parameters if p != "self") or "none"
-        raise ConfigError(f"server_opt_args for '{name}': {exc} (valid options: {valid})") from None
+    return SERVER_OPTIMIZERS.build_from_config(name, "server_opt_args", config)
 
-
-def _check(name: str, value: Any, low: float, high: float | None = None, *, low_open: bool = False, high_open: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise ConfigError(f"{name} must be a number, got {value!r}")
-    bad_low = value < low or (low_open and value == low)
-    bad_high = high is not None and (value > high or (high_open and value == high))
-    if bad_low or bad_high:
-        lo = "(" if low_open else "["
-        hi = ")" if high_open else "]"
-        raise ConfigError(f"{name} must be in {lo}{low}, {'inf' if high is None else high}{hi}, got {value!r}")
-    return float(value)
 
 
 class ServerOptimizer:
@@ -120,8 +103,8 @@ class FedAvgM(ServerOptimizer):
 
     def __init__(self, server_lr: float = 0.1, momentum: float = 0.9) -> None:
         super().__init__()
-        self.server_lr = _check("fedavgm server_lr", server_lr, 0.0, low_open=True)
-        self.momentum = _check("fedavgm momentum", momentum, 0.0, 1.0)
+        self.server_lr = check_number("fedavgm server_lr", server_lr, 0.0, low_open=True)
+        self.momentum = check_number("fedavgm momentum", momentum, 0.0, 1.0)
 
     def step_tensor(self, key: str, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         state = self.moments.setdefault(key, {"m": torch.zeros_like(x)})
@@ -147,10 +130,10 @@ class _AdaptiveServerOptimizer(ServerOptimizer):
 
     def __init__(self, server_lr: float = 0.01, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> None:
         super().__init__()
-        self.server_lr = _check(f"{self.name} server_lr", server_lr, 0.0, low_open=True)
-        self.beta1 = _check(f"{self.name} beta1", beta1, 0.0, 1.0)
-        self.beta2 = _check(f"{self.name} beta2", beta2, 0.0, 1.0)
-        self.tau = _check(f"{self.name} tau", tau, 0.0, low_open=True)
+        self.server_lr = check_number(f"{self.name} server_lr", server_lr, 0.0, low_open=True)
+        self.beta1 = check_number(f"{self.name} beta1", beta1, 0.0, 1.0)
+        self.beta2 = check_number(f"{self.name} beta2", beta2, 0.0, 1.0)
+        self.tau = check_number(f"{self.name} tau", tau, 0.0, low_open=True)
 
     def second_moment(self, v: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
