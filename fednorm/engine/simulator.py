@@ -20,6 +20,7 @@ from ..config import ExperimentConfig
 from ..data.federated import FederatedData, federated_data_from_config
 from ..errors import ConfigError, DivergenceError, RoundFailedError
 from ..methods import Method
+from ..methods.base import ClientContext, ClientUpdates
 from ..models import get_model
 from ..nn.stacked import NotStackableError
 from ..optim.compose import build_method
@@ -71,6 +72,22 @@ class RoundRecord:
     lr: float
     seconds: float
     metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RoundPlan:
+    """A round before training: its clients, learning rate and simulated faults."""
+
+    server_round: int
+    clients: list[int]
+    lr: float
+    faults: dict[int, str]
+    start: float
+
+    @property
+    def training(self) -> list[int]:
+        """The clients that start training (simulated crashes do not)."""
+        return [c for c in self.clients if self.faults.get(c) != "crash"]
 
 
 class Simulation:
@@ -165,6 +182,7 @@ class Simulation:
         self.events: list[dict[str, Any]] = []
         self._pending_events: list[dict[str, Any]] = []
         self.dropped: dict[str, int] = {}
+        self._last_samples_seen = 0
 
     def _make_executor(self) -> SequentialExecutor | VectorizedExecutor:
         cfg = self.config
@@ -223,19 +241,62 @@ class Simulation:
             RoundFailedError: fewer than ``min_clients`` clients answered.
             DivergenceError: a training loss or an aggregated parameter became NaN/Inf.
         """
-        cfg = self.config
+        plan = self.begin_round()
+        updates = self.train_clients(plan.server_round, plan.training, plan.lr) if plan.training else None
+        record = self.server_update(plan, updates)
+        self.finish_round(record)
+        return record
+
+    # The seams of a round. A remote runtime (fednorm.distributed, fednorm.flower) replaces
+    # ``train_clients`` and ``query_clients``, and runs the rest unchanged.
+    def begin_round(self) -> "RoundPlan":
+        """Sample the round's clients, let the method configure the round, draw simulated faults."""
         server_round = self.server_round + 1
-        start = time.perf_counter()
         clients = self.sample_clients(server_round)
-        lr = cfg.lr_at(server_round)
         self.method.configure_round(server_round, clients)
         faults = self._fault_plan(server_round, clients)
+        return RoundPlan(server_round, clients, self.config.lr_at(server_round), faults, time.perf_counter())
+
+    def train_clients(self, server_round: int, client_ids: list[int], lr: float) -> ClientUpdates:
+        """Local training of ``client_ids`` from the global state: here, in this process."""
+        updates = self.executor.run_round(server_round, client_ids, self.global_state, lr)
+        self._last_samples_seen = self.executor.last_samples_seen
+        return updates
+
+    def query_clients(
+        self, client_ids: list[int], query: str, state: dict[str, torch.Tensor] | None = None
+    ) -> dict[int, dict[str, torch.Tensor]]:
+        """Run the named client-side computation on each client's model (the global ``state``
+        plus the client's own tensors): ``"evaluate"`` (its test split) or a method query such
+        as HBN's ``"statistics"`` (see :meth:`Method.client_query`). Here, in this process."""
+        return {cid: self.client_query(cid, query, state) for cid in client_ids}
+
+    def client_query(self, client_id: int, query: str, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """One client's answer to :meth:`query_clients` (runs where the client lives)."""
+        data = self.data
+        model = self.client_model(client_id, state)
+        if query == "evaluate":
+            ix = data.client_test[client_id]
+            res = evaluate(model, data.test_x[ix], data.test_y[ix], batch_size=self.config.eval_batch_size)
+            return {
+                "correct": torch.tensor(float(res.correct.sum()), dtype=torch.float64),
+                "num": torch.tensor(float(res.num_samples), dtype=torch.float64),
+                "loss_sum": torch.tensor(res.loss * res.num_samples if res.num_samples else 0.0, dtype=torch.float64),
+            }
+        idx = data.client_train[client_id]
+        return self.method.client_query(
+            query, ClientContext(self.server_round, client_id, model, data.train_x.index_select(0, idx),
+                                 data.train_y.index_select(0, idx), self.global_state, {})
+        )
+
+    def server_update(self, plan: "RoundPlan", updates: ClientUpdates | None) -> RoundRecord:
+        """Screen the updates (faults, deadlines, non-finite rows), attack, aggregate, account."""
+        cfg = self.config
+        server_round, clients, faults = plan.server_round, plan.clients, plan.faults
         events: list[dict[str, Any]] = []
-        training = [c for c in clients if faults.get(c) != "crash"]
         for cid in clients:
             if faults.get(cid) == "crash":
                 events.append({"round": server_round, "client": cid, "kind": "crash", "detail": "simulated failure before training"})
-        updates = self.executor.run_round(server_round, training, self.global_state, lr) if training else None
         keep: list[int] = []
         if updates is not None:
             for cid, reason in updates.failures.items():
@@ -290,21 +351,25 @@ class Simulation:
             shared_bytes + extra_up + sum(t[0].numel() * t.element_size() for t in updates.extras.values())
         ) * answered
         self.comm_rounds += self.method.comm_rounds_per_round(self.model)
-        self.samples_trained += self.executor.last_samples_seen
+        self.samples_trained += self._last_samples_seen
         w = updates.num_examples
         valid = torch.isfinite(updates.train_loss) & (w > 0)
         train_loss = float((updates.train_loss[valid] * w[valid]).sum() / w[valid].sum()) if valid.any() else math.nan
-        self.wall_seconds += time.perf_counter() - start
+        self.wall_seconds += time.perf_counter() - plan.start
         self.server_round = server_round
-        record = RoundRecord(server_round, clients, train_loss, lr, time.perf_counter() - start)
         self._pending_events.extend(events)
-        if server_round % cfg.eval_every == 0 or server_round == cfg.rounds:
+        return RoundRecord(server_round, clients, train_loss, plan.lr, time.perf_counter() - plan.start)
+
+    def finish_round(self, record: RoundRecord) -> None:
+        """Evaluate when due (every ``eval_every`` rounds and after the last) and log the metrics."""
+        cfg = self.config
+        if record.server_round % cfg.eval_every == 0 or record.server_round == cfg.rounds:
             record.metrics = self.evaluate()
             record.metrics.update(
                 {
-                    "round": server_round,
-                    "train_loss": train_loss,
-                    "lr": lr,
+                    "round": record.server_round,
+                    "train_loss": record.train_loss,
+                    "lr": record.lr,
                     "wall_seconds": self.wall_seconds,
                     "uplink_bytes": self.uplink_bytes,
                     "downlink_bytes": self.downlink_bytes,
@@ -316,7 +381,6 @@ class Simulation:
             )
             self._pending_events = []
             self.history.append(record.metrics)
-        return record
 
     # -- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -381,32 +445,27 @@ class Simulation:
         each client is evaluated with its own model on its split, and ``test_accuracy`` is the
         sample-weighted accuracy over all clients' splits.
         """
-        data, bs = self.data, self.config.eval_batch_size
+        data = self.data
         start = time.perf_counter()
         if state is None:
             state = self.method.evaluation_state(self)
-        client_acc: list[float | None] = []
+        client_acc: list[float | None]
         if self.method.personalized:
-            correct = 0
-            total = 0
+            with_test = [cid for cid in range(data.num_clients) if len(data.client_test[cid])]
+            answers = self.query_clients(with_test, "evaluate", state)
+            client_acc = [None] * data.num_clients
+            correct = total = 0.0
             loss_sum = 0.0
-            for cid in range(data.num_clients):
-                ix = data.client_test[cid]
-                if len(ix) == 0:
-                    client_acc.append(None)
-                    continue
-                res = evaluate(self.client_model(cid, state), data.test_x[ix], data.test_y[ix], batch_size=bs)
-                client_acc.append(res.accuracy)
-                correct += int(res.correct.sum())
-                total += res.num_samples
-                loss_sum += res.loss * res.num_samples
+            for cid in with_test:  # in client order, so the sums do not depend on where clients ran
+                a = answers[cid]
+                client_acc[cid] = float(a["correct"]) / float(a["num"])
+                correct += float(a["correct"])
+                total += float(a["num"])
+                loss_sum += float(a["loss_sum"])
             test_acc = correct / total if total else math.nan
             test_loss = loss_sum / total if total else math.nan
         else:
-            res = evaluate(self.global_model(state), data.test_x, data.test_y, batch_size=bs)
-            test_acc, test_loss = res.accuracy, res.loss
-            for ix in data.client_test:
-                client_acc.append(float(res.correct[ix].double().mean()) if len(ix) else None)
+            test_acc, test_loss, client_acc = self.evaluate_global(state)
         valid = [a for a in client_acc if a is not None]
         self.wall_seconds += time.perf_counter() - start
         return {
@@ -415,6 +474,14 @@ class Simulation:
             "mean_client_accuracy": float(np.mean(valid)) if valid else math.nan,
             "client_accuracies": client_acc,
         }
+
+    def evaluate_global(self, state: dict[str, torch.Tensor]) -> tuple[float, float, list[float | None]]:
+        """Accuracy and loss of the global model on the whole test set, and each client's accuracy
+        on its own test split (slices of the same predictions)."""
+        data = self.data
+        res = evaluate(self.global_model(state), data.test_x, data.test_y, batch_size=self.config.eval_batch_size)
+        client_acc = [float(res.correct[ix].double().mean()) if len(ix) else None for ix in data.client_test]
+        return res.accuracy, res.loss, client_acc
 
     # -- summary ----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

@@ -203,6 +203,12 @@ class Method:
     def client_end(self, ctx: ClientContext) -> None:
         """After local training: e.g. SCAFFOLD's control-variate update (default: nothing)."""
 
+    def client_query(self, query: str, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """Answer a named server query on a client's model outside training (the engine's
+        ``query_clients``): e.g. HBN's ``"statistics"`` pass for evaluation and round T+1. It
+        runs wherever the client lives (this process, a torch.distributed rank, a Flower node)."""
+        raise ValueError(f"method '{self.name}' answers no client query named '{query}'")
+
     @property
     def has_client_loss(self) -> bool:
         return type(self).client_loss is not Method.client_loss

@@ -215,6 +215,15 @@ class HBN(FedAvg):
             out[f"hbn.{name}.var"] = torch.zeros(c, dtype=torch.float64)
         return out
 
+    def client_query(self, query: str, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """``"statistics"``: the client's exact statistics of all its training samples under the
+        model as it is (the evaluation re-sync and round T+1)."""
+        if query != "statistics":
+            return super().client_query(query, ctx)
+        if ctx.num_examples == 0:
+            return self._empty_statistics(ctx.model)
+        return self.client_statistics(ctx.model, ctx.x)
+
     # -- server -----------------------------------------------------------------------------
     def configure_round(self, server_round: int, client_ids: list[int]) -> None:
         self._last_round_clients = list(client_ids)
@@ -248,14 +257,8 @@ class HBN(FedAvg):
     def synced_state(self, sim: "Simulation", client_ids: list[int]) -> dict[str, torch.Tensor]:
         """The global state with statistics recomputed by ``client_ids`` under the current
         weights and pooled with lambda = 1 (Eq. 8 only)."""
-        uploads = []
-        for cid in client_ids:
-            idx = sim.data.client_train[cid]
-            model = sim.client_model(cid)
-            if len(idx) == 0:
-                uploads.append(self._empty_statistics(model))
-            else:
-                uploads.append(self.client_statistics(model, sim.data.train_x.index_select(0, idx)))
+        answers = sim.query_clients(client_ids, "statistics")
+        uploads = [answers[cid] for cid in client_ids]
         extras = {k: torch.stack([u[k] for u in uploads]) for k in uploads[0]}
         state = dict(sim.global_state)
         for name in self.layers:

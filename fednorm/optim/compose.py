@@ -116,6 +116,9 @@ class OptimizedMethod(Method):
     def final_state(self, sim: Any) -> dict[str, torch.Tensor] | None:
         return self.inner.final_state(sim)
 
+    def client_query(self, query: str, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        return self.inner.client_query(query, ctx)
+
     # -- lockstep execution: the wrapped method's -------------------------------------------
     def synced_steps(self, server_round: int) -> int:
         return self.inner.synced_steps(server_round)
