@@ -13,7 +13,7 @@ import csv
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -104,6 +104,7 @@ def run(
     write: bool = True,
     progress: bool | None = None,
     resume: str | Path | None = None,
+    simulation: Callable[..., Simulation] = Simulation,
     **overrides: Any,
 ) -> RunResult:
     """Run one federated experiment, or resume one from its run directory.
@@ -117,6 +118,9 @@ def run(
         resume: a run directory to continue from its latest checkpoint; its ``config.yaml`` is
             the config, and only ``rounds``, ``eval_every``, ``checkpoint_every``, ``threads``,
             ``device`` may be overridden (e.g. ``rounds=`` to extend a finished run).
+        simulation: the runtime (default: in this process;
+            :class:`fednorm.distributed.DistributedSimulation` spreads the clients over
+            torch.distributed ranks, and every rank calls ``run``; only rank 0 writes).
         **overrides: config fields, e.g. ``rounds=5``.
 
     A first SIGINT/SIGTERM stops the run after the current round with a checkpoint
@@ -141,23 +145,30 @@ def run(
         write = True
     else:
         cfg = resolve_config(config, **overrides)
-    sim = Simulation(cfg, data=data)
+    sim = simulation(cfg, data=data)
     if checkpoint is not None:
         sim.load_state_dict(checkpoint)
     writer = None
+
+    def checkpoint_now() -> None:
+        state = sim.state_dict()  # on every rank: a distributed runtime collects the clients' states
+        if writer is not None:
+            save_checkpoint(writer.dir, state)
+
     if write:
         out = Path(cfg.out) if cfg.out else default_run_dir(cfg)
         cfg = cfg.model_copy(update={"out": str(out)})
         sim.config = cfg
-        writer = RunWriter(out, cfg, history=sim.history if checkpoint is not None else None)
+        if sim.is_main:
+            writer = RunWriter(out, cfg, history=sim.history if checkpoint is not None else None)
         if checkpoint is None:  # round 0, so a run that fails early still has a good checkpoint
-            save_checkpoint(writer.dir, sim.state_dict())
+            checkpoint_now()
     from tqdm.auto import tqdm
 
     status = "completed"
     error: BaseException | None = None
     bar = tqdm(total=cfg.rounds, initial=sim.server_round, desc=f"{cfg.method}+{cfg.norm}", unit="round",
-               disable=None if progress is None else not progress, leave=False)
+               disable=(None if progress is None else not progress) if sim.is_main else True, leave=False)
     try:
         with _StopRequest() as stop:
             for record in sim.rounds():
@@ -168,9 +179,9 @@ def run(
                     if writer is not None:
                         writer.log(record.metrics)
                 bar.set_postfix(post)
-                if writer is not None and cfg.checkpoint_every and sim.server_round % cfg.checkpoint_every == 0:
-                    save_checkpoint(writer.dir, sim.state_dict())
-                if stop.signal is not None:
+                if write and cfg.checkpoint_every and sim.server_round % cfg.checkpoint_every == 0:
+                    checkpoint_now()
+                if sim.agree_to_stop(stop.signal is not None):
                     status = "interrupted"
                     break
     except (DivergenceError, RoundFailedError) as exc:
@@ -190,9 +201,9 @@ def run(
             torch.save(final, writer.dir / "final_model.pt")
     if error is not None:
         summary["error"] = str(error) or type(error).__name__
+    if write and error is None:  # never overwrite the last good checkpoint with a failed state
+        checkpoint_now()
     if writer is not None:
-        if error is None:  # never overwrite the last good checkpoint with a failed state
-            save_checkpoint(writer.dir, sim.state_dict())
         writer.finish(summary, sim.history)
     if error is not None:
         if writer is not None and not isinstance(error, KeyboardInterrupt):

@@ -130,6 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_config_options(p_run)
 
+    p_launch = sub.add_parser(
+        "launch", help="run one experiment with its clients spread over N processes (torch.distributed)",
+        description="Run one federated experiment with torch.distributed: --nproc worker processes on this machine, "
+        "each hosting a share of the clients; rank 0 also aggregates and writes the run directory. Same options, "
+        "config files and results as `fednorm run`. On a cluster use `torchrun ... -m fednorm.distributed RUN-OPTIONS`.",
+    )
+    p_launch.add_argument("--nproc", type=int, default=2, help="worker processes (default: 2)")
+    from ..distributed.worker import add_worker_options
+
+    add_worker_options(p_launch)
+    p_launch.add_argument("--config", type=Path, help="YAML config file (options below override it)")
+    p_launch.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its latest checkpoint (any --nproc)")
+    p_launch.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_config_options(p_launch)
+
     p_cmp = sub.add_parser(
         "compare",
         help="compare methods/norms on one setting",
@@ -191,26 +206,65 @@ def _config_from(args: argparse.Namespace, base: dict[str, Any] | None = None) -
     return load_config(args.config, fields)
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def run_command(args: argparse.Namespace, *, simulation: Any = None, quiet: bool = False, command: str = "run") -> int:
+    """``fednorm run`` on parsed options, with any runtime (``fednorm launch`` passes the
+    distributed one; only its rank 0 prints)."""
     from ..api import run
+    from ..engine.simulator import Simulation
 
+    simulation = simulation or Simulation
+    progress = False if (args.quiet or quiet) else None
     if args.resume is not None:
         if args.config is not None:
             raise ConfigError("--resume takes its settings from RUN_DIR/config.yaml; do not pass --config")
         fields = {k: v for k, v in vars(args).items() if k in ExperimentConfig.model_fields}
-        result = run(resume=args.resume, progress=False if args.quiet else None, **fields)
+        result = run(resume=args.resume, progress=progress, simulation=simulation, **fields)
     else:
-        result = run(_config_from(args), progress=False if args.quiet else None)
+        result = run(_config_from(args), progress=progress, simulation=simulation)
+    if quiet:
+        return 0
     s = result.summary
+    again = "fednorm launch --nproc N" if command == "launch" else "fednorm run"
     if s["status"] == "interrupted":
-        print(f"interrupted after round {s['rounds']}; continue with: fednorm run --resume {result.out_dir}")
+        print(f"interrupted after round {s['rounds']}; continue with: {again} --resume {result.out_dir}")
     print(
         f"{s['method']}+{s['norm']} on {s['dataset']} ({s['partition']}, {s['num_clients']} clients): "
         f"final test accuracy {100 * s['final_test_accuracy']:.2f}%, best {100 * s['best_test_accuracy']:.2f}% "
         f"(round {s['best_round']}), mean client accuracy {100 * (s['final_mean_client_accuracy'] or float('nan')):.2f}%, "
-        f"{s['rounds']} rounds in {s['wall_seconds']:.1f}s"
+        f"{s['rounds']} rounds in {s['wall_seconds']:.1f}s" + (f" on {s['runtime']}" if s.get("runtime") else "")
     )
     print(f"run directory: {result.out_dir}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    return run_command(args)
+
+
+def _cmd_launch(args: argparse.Namespace, forwarded: list[str]) -> int:
+    """Start ``--nproc`` workers with torchrun on this machine; each runs ``fednorm run`` on its
+    share of the clients (fednorm.distributed)."""
+    import os
+    import subprocess
+
+    from ..engine.outputs import default_run_dir
+
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.resume is None:
+        cfg = _config_from(args)  # validate here, before any process starts
+        if cfg.out is None:  # one run directory for every rank
+            out = default_run_dir(cfg)
+            forwarded = [*forwarded, "--out", str(out)]
+    worker = ["--timeout", str(args.timeout)] + (["--backend", args.backend] if args.backend else [])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+           "-m", "fednorm.distributed", *worker, *forwarded]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
+    proc = subprocess.run(cmd, env=env)
+    if proc.returncode != 0:
+        print(f"fednorm launch: the workers failed (exit status {proc.returncode}); see the messages above", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -318,10 +372,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..engine.checkpoint import CheckpointError
 
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
+    if args.command == "launch":  # the workers get every option but the launcher's own
+        own = argparse.ArgumentParser(add_help=False)
+        own.add_argument("--nproc")
+        own.add_argument("--backend")
+        own.add_argument("--timeout")
+        _, forwarded = own.parse_known_args(argv[argv.index("launch") + 1:])
+        try:
+            return _cmd_launch(args, forwarded)
+        except FednormError as exc:
+            print(f"fednorm launch: error: {exc}", file=sys.stderr)
+            return 2
     handler = {"run": _cmd_run, "compare": _cmd_compare, "partition": _cmd_partition, "list": _cmd_list,
                "analyze": _cmd_analyze,
                "adapt": _cmd_adapt}[args.command]

@@ -103,6 +103,8 @@ class Simulation:
         ...     print(record.server_round, record.metrics.get("test_accuracy"))
     """
 
+    is_main = True  # the process that aggregates and writes (a distributed runtime's rank 0)
+
     def __init__(self, config: ExperimentConfig, data: FederatedData | None = None) -> None:
         check_names(config)
         self.config = config
@@ -421,6 +423,11 @@ class Simulation:
         self.history = list(state["history"])
         self.events = list(state.get("events", []))
         self._pending_events = list(state.get("pending_events", []))
+
+    def agree_to_stop(self, requested: bool) -> bool:
+        """Whether to stop after this round (a signal arrived); a distributed runtime decides
+        the same on every rank."""
+        return requested
 
     def rounds(self) -> Iterator[RoundRecord]:
         """Run the remaining rounds, yielding each round's record."""

@@ -21,6 +21,7 @@ per client), so models with dropout agree in distribution, not bit for bit.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,7 @@ from ..data.federated import FederatedData
 from ..data.transforms import apply_crop_flip, draw_crop_flip
 from ..errors import ConfigError, DivergenceError
 from ..methods.base import ClientUpdates, Method
-from ..nn.comm import LocalClientComm
+from ..nn.comm import ClientComm, LocalClientComm
 from ..nn.stacked import NotStackableError, set_client_comm, set_frozen_statistics, stack_model, to_client_layout
 from .bank import ClientStateBank
 from .executor import MOMENTUM_PREFIX, Executor
@@ -98,6 +99,9 @@ class VectorizedExecutor(Executor):
         model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         self.max_clients = max(1, min(max_clients, memory_budget // max(1, 4 * model_bytes)))
         self._stacked: dict[int, nn.Module] = {}
+        # Where the other clients of a synchronised step are: this chunk only, or other processes too
+        # (fednorm.distributed sets DistributedClientComm).
+        self.comm_factory: Callable[[], ClientComm] = LocalClientComm
         # Verify once with two clients: the check does not depend on K.
         example = data.train_x[: min(4, len(data.train_x))]
         if len(example) < 2:
@@ -200,7 +204,7 @@ class VectorizedExecutor(Executor):
         num_steps_max = max((len(p) for p in plans), default=0)
         synced = method.synced_steps(server_round) if method.requires_lockstep else 0
         set_frozen_statistics(net, method.frozen_statistics(server_round))
-        self.comm = LocalClientComm()
+        self.comm = self.comm_factory()
         for t in range(num_steps_max):
             if t < synced:
                 set_client_comm(net, self.comm, backward=method.sync_backward(server_round))
@@ -291,7 +295,8 @@ class VectorizedExecutor(Executor):
         ys = [y for _, y in batches]
         def forward(x):
             return net(x) if on_net else functional_call(net, {**params, **buffers, **frozen_now}, (x,))
-        losses, total, p = synced_loss(forward, net, xs, ys, channels_last=self.spec.channels_last)
+        remote = None if isinstance(self.comm, LocalClientComm) else self.comm
+        losses, total, p = synced_loss(forward, net, xs, ys, channels_last=self.spec.channels_last, comm=remote)
         if not torch.isfinite(losses).all():
             bad = rows[int((~torch.isfinite(losses)).nonzero()[0])]
             raise DivergenceError(

@@ -1,0 +1,147 @@
+"""The torch.distributed runtime: same config, same metrics as the in-process simulator.
+
+Two gloo processes over loopback run every method that exists with its clients spread over the
+ranks (round robin, so each rank trains a different subset and keeps those clients' local state);
+the metrics must equal the in-process run's to float64 rounding. Then the real launcher
+(``fednorm launch`` → torchrun): a rank that dies mid-run stops the run with a clear message and a
+checkpoint from which ``--resume`` (with another process count) finishes the run exactly.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fednorm.api import run
+from fednorm.config import ExperimentConfig
+
+BASE = dict(dataset="digits", partition="dirichlet", alpha=0.5, num_clients=5, rounds=2, local_epochs=1, batch_size=32,
+            lr=0.1, momentum=0.9, model="mlp", model_args={"hidden": 32}, dtype="float64", augment=False, threads=1,
+            eval_every=1, seed=3)
+
+CASES: dict[str, dict] = {
+    "fedavg+bn": dict(method="fedavg", norm="bn"),
+    "fedavg+bn, 3 of 5 clients, scaffold, fedadam": dict(method="fedavg", norm="bn", clients_per_round=3,
+                                                         client_opt="scaffold", server_opt="fedadam",
+                                                         server_opt_args={"server_lr": 0.01}),
+    "fedbn": dict(method="fedbn", norm="bn"),
+    "hbn": dict(method="hbn", norm="hbn", batch_size=16),
+    "fbn": dict(method="fbn", norm="fbn", dsgd=True, batch_size=16, model="fedbn_cnn", model_args={}, rounds=20, eval_every=10),
+    "fedtan": dict(method="fedtan", norm="bn", local_steps=3, batch_size=16, momentum=0.0),
+}
+
+
+def _config(case: str) -> ExperimentConfig:
+    return ExperimentConfig(**{**BASE, **CASES[case]})
+
+
+def _metrics(result) -> dict:
+    keep = ("test_accuracy", "test_loss", "mean_client_accuracy", "client_accuracies", "train_loss", "uplink_bytes",
+            "downlink_bytes", "samples_trained")
+    out = {"history": [{k: h[k] for k in keep} for h in result.history]}
+    s = result.summary
+    out["final_sync"] = s.get("final_sync")
+    out["method_report"] = s.get("method_report")
+    return out
+
+
+def _worker(rank: int, world: int, tmp: str) -> None:
+    from fednorm.distributed import DistributedSimulation
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        results = {}
+        for case in CASES:
+            result = run(_config(case), write=False, progress=False, simulation=DistributedSimulation)
+            results[case] = _metrics(result)
+        if rank == 0:
+            Path(tmp, "distributed.json").write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def _close(a, b, where: str) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b)), f"{where}: {a} vs {b}"
+    else:
+        assert a == b, f"{where}: {a} vs {b}"
+
+
+def test_two_processes_give_the_simulators_metrics_for_every_method(tmp_path):
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(r, 2, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=600)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    distributed = json.loads(Path(tmp_path, "distributed.json").read_text())
+    for case in CASES:
+        local = json.loads(json.dumps(_metrics(run(_config(case), write=False, progress=False))))
+        assert local["history"][-1]["test_accuracy"] > 0.2, case  # the runs learn something
+        _close(distributed[case], local, case)
+
+
+# -- the launcher: torchrun, a dying rank, resume -------------------------------------------------------
+
+def _launch(*args: str, env_extra: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "fednorm.cli.main", "launch", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+LAUNCH_ARGS = ["--dataset", "digits", "--num-clients", "4", "--rounds", "4", "--model", "mlp", "--method", "fedbn",
+               "--dtype", "float64", "--augment", "false", "--checkpoint-every", "1", "--seed", "5", "--quiet"]
+
+
+def test_launch_survives_a_dead_rank_with_a_resumable_checkpoint(tmp_path):
+    from fednorm.engine.checkpoint import load_latest
+
+    out = tmp_path / "run"
+    dead = _launch("--nproc", "2", "--timeout", "60", *LAUNCH_ARGS, "--out", str(out),
+                   env_extra={"FEDNORM_KILL_RANK_AT_ROUND": "1:3"})
+    assert dead.returncode != 0
+    assert "resume" in dead.stderr and str(out) in dead.stderr, dead.stderr[-2000:]
+    assert load_latest(out)["server_round"] == 2  # rounds 1-2 committed, round 3 never finished
+
+    resumed = _launch("--nproc", "3", "--resume", str(out))  # another process count: clients move ranks
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 4 and summary["world_size"] == 3
+
+    reference = run(ExperimentConfig(dataset="digits", num_clients=4, rounds=4, model="mlp", method="fedbn",
+                                     dtype="float64", augment=False, seed=5), write=False, progress=False)
+    _close(summary["final_client_accuracies"], reference.summary["final_client_accuracies"], "clients")
+    _close(summary["final_test_loss"], reference.summary["final_test_loss"], "loss")
+
+
+def test_launch_fails_fast_when_a_rank_hangs(tmp_path):
+    hung = _launch("--nproc", "2", "--timeout", "5", *LAUNCH_ARGS, "--out", str(tmp_path / "run"),
+                   env_extra={"FEDNORM_KILL_RANK_AT_ROUND": "1:2:hang"}, timeout=240)
+    assert hung.returncode != 0
+    assert "resume" in hung.stderr, hung.stderr[-2000:]
+
+
+def test_lockstep_method_rejects_a_rank_without_clients(tmp_path):
+    bad = _launch("--nproc", "3", *LAUNCH_ARGS[:-1], "--method", "fedtan", "--num-clients", "2", "--out", str(tmp_path / "r"))
+    assert bad.returncode != 0
+    assert "hosts no non-empty client" in bad.stderr, bad.stderr[-2000:]
