@@ -31,6 +31,7 @@ import torch.distributed as dist
 from ..config import ExperimentConfig
 from ..data.federated import FederatedData
 from ..engine.bank import ClientStateBank
+from ..engine.remote import host_of, merge_updates
 from ..engine.simulator import RoundRecord, Simulation
 from ..errors import ConfigError, DivergenceError, FednormError, InconsistentUpdateError, RoundFailedError
 from ..methods.base import ClientUpdates
@@ -45,11 +46,6 @@ _ROUND_ERRORS: dict[str, type[BaseException]] = {
     "InconsistentUpdateError": InconsistentUpdateError,
     "ConfigError": ConfigError,
 }
-
-
-def host_of(client_id: int, world_size: int) -> int:
-    """The rank that hosts a client: round robin, so every rank gets a share of each sample."""
-    return client_id % world_size
 
 
 def init_distributed(backend: str | None = None, timeout: float = 300.0) -> None:
@@ -69,40 +65,6 @@ def init_distributed(backend: str | None = None, timeout: float = 300.0) -> None
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
-
-
-def _merge(parts: list[ClientUpdates | None], order: list[int]) -> ClientUpdates | None:
-    """One :class:`ClientUpdates` from the ranks' parts, rows in ``order`` (the sampled clients)."""
-    present = [p for p in parts if p is not None]
-    if not present:
-        return None
-    failures: dict[int, str] = {}
-    rows: dict[int, tuple[ClientUpdates, int]] = {}
-    for p in present:
-        failures.update(p.failures)
-        for i, cid in enumerate(p.client_ids):
-            rows[cid] = (p, i)
-    ids = [c for c in order if c in rows]
-    if not ids:
-        empty = present[0].subset([])
-        empty.failures = failures
-        return empty
-
-    def stack(get) -> torch.Tensor:
-        return torch.stack([get(rows[c][0])[rows[c][1]] for c in ids])
-
-    first = present[0]
-    timed = all(p.seconds is not None for p in present)
-    return ClientUpdates(
-        client_ids=ids,
-        states={k: stack(lambda p, k=k: p.states[k]) for k in first.states},
-        num_examples=stack(lambda p: p.num_examples),
-        train_loss=stack(lambda p: p.train_loss),
-        num_steps=stack(lambda p: p.num_steps),
-        extras={k: stack(lambda p, k=k: p.extras[k]) for k in first.extras},
-        failures=failures,
-        seconds=stack(lambda p: p.seconds) if timed else None,
-    )
 
 
 class DistributedSimulation(Simulation):
@@ -188,7 +150,7 @@ class DistributedSimulation(Simulation):
             name, message = errors[0]
             raise _ROUND_ERRORS.get(name, RuntimeError)(message)
         self._last_samples_seen = sum(p["seen"] for p in gathered)
-        return _merge([p["updates"] for p in gathered], client_ids)
+        return merge_updates([p["updates"] for p in gathered], client_ids)
 
     def _server_state(self) -> dict[str, Any]:
         return {
