@@ -60,7 +60,8 @@ def test_cli_unknown_yaml_key(tmp_path, capsys):
 def test_cli_list_and_partition(tmp_path, capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    for word in ("methods: ", "fedavg", "norms: ", "bn", "gn", "ln", "none", "models: ", "simple_cnn", "datasets: ", "digits", "partitions: ", "dirichlet"):
+    for word in ("methods: ", "fedavg", "norms: ", "bn", "gn", "ln", "none", "models: ", "simple_cnn", "datasets: ", "digits", "partitions: ", "dirichlet",
+                 "aggregators: ", "median", "attacks: ", "alie"):
         assert word in out
     assert main(["partition", "--partition", "classes", "--classes-per-client", "1", "--num-clients", "10", "--plot", str(tmp_path / "h.png")]) == 0
     assert (tmp_path / "h.png").exists()

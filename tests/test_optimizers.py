@@ -89,3 +89,19 @@ def test_cli_composes_method_client_and_server_optimizers(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == "client_opts: fedprox, moon, none, scaffold"
     assert main(["run", "--client-opt", "scafold", "--rounds", "1"]) == 2
     assert "Did you mean 'scaffold'" in capsys.readouterr().err
+
+
+def test_scaffold_counts_its_control_variates_both_ways():
+    """Each sampled client downloads the server's c and uploads its delta c_i: two parameter-sized
+    messages per client per round on top of FedAvg's traffic."""
+    cfg = dict(BASE, rounds=2, eval_every=2, norm="bn", method="fedavg")
+    plain = Simulation(ExperimentConfig(**cfg))
+    scaffold = Simulation(ExperimentConfig(**cfg, client_opt="scaffold"))
+    list(plain.rounds())
+    list(scaffold.rounds())
+    params = dict(scaffold.model.named_parameters())
+    c_bytes = sum(params[k].numel() * params[k].element_size() for k in scaffold.method.client_opt.c)
+    assert c_bytes == sum(p.numel() * p.element_size() for p in scaffold.model.parameters())  # every parameter is shared
+    sent = 2 * 3  # rounds x clients per round
+    assert scaffold.downlink_bytes - plain.downlink_bytes == sent * c_bytes
+    assert scaffold.uplink_bytes - plain.uplink_bytes == sent * c_bytes

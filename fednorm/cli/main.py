@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_adapt.add_argument("--data-dir", help="dataset folder, if not the run's")
 
     p_list = sub.add_parser("list", help="list methods, norms, models, datasets and partitions")
-    p_list.add_argument("what", nargs="?", choices=["methods", "norms", "models", "datasets", "partitions", "client_opts", "server_opts"], help="one registry (default: all)")
+    p_list.add_argument("what", nargs="?", choices=["methods", "norms", "models", "datasets", "partitions", "client_opts", "server_opts", "aggregators", "attacks"], help="one registry (default: all)")
     return parser
 
 
@@ -352,6 +352,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from ..models import list_models
     from ..nn.norms import list_norms
     from ..optim import list_client_optimizers, list_server_optimizers
+    from ..robust.aggregators import AGGREGATORS
+    from ..robust.attacks import ATTACKS
 
     listing = {
         "methods": list_methods(),
@@ -361,6 +363,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         "partitions": list_partitions(),
         "client_opts": list_client_optimizers(),
         "server_opts": list_server_optimizers(),
+        "aggregators": AGGREGATORS.list(),
+        "attacks": ATTACKS.list(),
     }
     for what, names in listing.items():
         if args.what in (None, what):

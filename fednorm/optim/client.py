@@ -93,6 +93,10 @@ class ClientOptimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+    def download_bytes(self) -> int:
+        """Bytes each client receives per round besides the model (SCAFFOLD: the server's c)."""
+        return 0
+
     def hparams(self) -> dict[str, Any]:
         return {}
 
@@ -241,6 +245,9 @@ class Scaffold(ClientOptimizer):
 
     def hparams(self) -> dict[str, Any]:
         return {"momentum_aware": self.momentum_aware}
+
+    def download_bytes(self) -> int:
+        return sum(c.numel() * c.element_size() for c in self.c.values())
 
     def state_dict(self) -> dict[str, Any]:
         return {"c": {k: v.detach().cpu().clone() for k, v in self.c.items()}}

@@ -108,7 +108,8 @@ class OptimizedMethod(Method):
         return self.inner.comm_rounds_per_round(model)
 
     def extra_bytes_per_client(self, model: nn.Module) -> tuple[int, int]:
-        return self.inner.extra_bytes_per_client(model)
+        up, down = self.inner.extra_bytes_per_client(model)
+        return up, down + self.client_opt.download_bytes()  # uploads (e.g. SCAFFOLD's delta c) are counted from ctx.uploads
 
     def statistics_keys(self) -> dict[str, list[str]]:
         return self.inner.statistics_keys()
