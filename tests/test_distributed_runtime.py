@@ -36,7 +36,7 @@ CASES: dict[str, dict] = {
                                                          server_opt_args={"server_lr": 0.01}),
     "fedbn": dict(method="fedbn", norm="bn"),
     "hbn": dict(method="hbn", norm="hbn", batch_size=16),
-    "fbn": dict(method="fbn", norm="fbn", dsgd=True, batch_size=16, model="fedbn_cnn", model_args={}, rounds=20, eval_every=10),
+    "fbn": dict(method="fbn", norm="fbn", dsgd=True, batch_size=16, lr=0.3, rounds=20, eval_every=10),
     "fedtan": dict(method="fedtan", norm="bn", local_steps=3, batch_size=16, momentum=0.0),
 }
 
@@ -67,6 +67,13 @@ def _worker(rank: int, world: int, tmp: str) -> None:
             results[case] = _metrics(result)
         if rank == 0:
             Path(tmp, "distributed.json").write_text(json.dumps(results))
+        # A divergence inside one rank's training stops every rank with the same error, no hang.
+        try:
+            run(ExperimentConfig(**{**BASE, "lr": 1e12, "rounds": 3}), write=False, progress=False, simulation=DistributedSimulation)
+            outcome = "finished"
+        except Exception as exc:  # noqa: BLE001 - the type is what the test checks
+            outcome = type(exc).__name__
+        Path(tmp, f"diverge{rank}.txt").write_text(outcome)
     finally:
         dist.destroy_process_group()
 
@@ -95,6 +102,7 @@ def test_two_processes_give_the_simulators_metrics_for_every_method(tmp_path):
         p.join(timeout=600)
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
     distributed = json.loads(Path(tmp_path, "distributed.json").read_text())
+    assert [Path(tmp_path, f"diverge{r}.txt").read_text() for r in range(2)] == ["DivergenceError"] * 2
     for case in CASES:
         local = json.loads(json.dumps(_metrics(run(_config(case), write=False, progress=False))))
         assert local["history"][-1]["test_accuracy"] > 0.2, case  # the runs learn something

@@ -33,7 +33,7 @@ from ..data.federated import FederatedData
 from ..engine.bank import ClientStateBank
 from ..engine.remote import host_of, merge_updates
 from ..engine.simulator import RoundRecord, Simulation
-from ..errors import ConfigError, DivergenceError, FednormError, InconsistentUpdateError, RoundFailedError
+from ..errors import ConfigError, DivergenceError, InconsistentUpdateError, RoundFailedError
 from ..methods.base import ClientUpdates
 from .comm import DistributedClientComm
 
@@ -46,6 +46,12 @@ _ROUND_ERRORS: dict[str, type[BaseException]] = {
     "InconsistentUpdateError": InconsistentUpdateError,
     "ConfigError": ConfigError,
 }
+
+
+def _describe(exc: BaseException) -> tuple[str, str]:
+    """An exception as (type name, message) for a broadcast; unknown types keep their name in the text."""
+    name = type(exc).__name__
+    return (name, str(exc)) if name in _ROUND_ERRORS else (name, f"{name}: {exc}")
 
 
 def init_distributed(backend: str | None = None, timeout: float = 300.0) -> None:
@@ -97,16 +103,20 @@ class DistributedSimulation(Simulation):
         plan = self.begin_round()
         if self.method.requires_lockstep:
             self._check_lockstep(plan.training)
-        updates = self.train_clients(plan.server_round, plan.training, plan.lr) if plan.training else None
-        outcome: dict[str, Any]
-        if self.is_main:
+        outcome: dict[str, Any] = {}
+        try:
+            # rank 0 raises here what any rank's training raised; the others have sent theirs
+            updates = self.train_clients(plan.server_round, plan.training, plan.lr) if plan.training else None
+        except Exception as exc:
+            if not self.is_main:
+                raise
+            outcome = {"error": _describe(exc)}
+        if self.is_main and not outcome:
             try:
                 record = self.server_update(plan, updates)
                 outcome = {"record": record, "server": self._server_state()}
-            except (FednormError, DivergenceError, RoundFailedError) as exc:
-                outcome = {"error": (type(exc).__name__, str(exc))}
-        else:
-            outcome = {}
+            except Exception as exc:  # every rank must hear of it, or the others wait for a broadcast
+                outcome = {"error": _describe(exc)}
         box = [outcome]
         dist.broadcast_object_list(box, src=0)
         outcome = box[0]
@@ -138,8 +148,9 @@ class DistributedSimulation(Simulation):
             if mine:
                 payload["updates"] = self.executor.run_round(server_round, mine, self.global_state, lr)
                 payload["seen"] = self.executor.last_samples_seen
-        except (DivergenceError, FednormError) as exc:  # reported through the server, raised on every rank
-            payload["error"] = (type(exc).__name__, f"rank {self.rank}: {exc}")
+        except Exception as exc:  # reported through the server and raised on every rank, never a lone exit
+            name, message = _describe(exc)
+            payload["error"] = (name, f"rank {self.rank}: {message}")
         gathered: list[Any] | None = [None] * self.world_size if self.is_main else None
         dist.gather_object(payload, gathered, dst=0)
         if not self.is_main:
