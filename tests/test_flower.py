@@ -304,7 +304,7 @@ class Federation:
         flwr_home = tmp / "flwr-home"
         flwr_home.mkdir()
         self.env = {**os.environ, "FLWR_HOME": str(flwr_home), "FLWR_TELEMETRY_ENABLED": "0",
-                    "FLWR_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                    "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                     "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
                     "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.flwr = str(bin_dir / "flwr")
@@ -329,6 +329,13 @@ class Federation:
                 self.cli("supernode", "register", str(public), "test", "--format", "json")
                 node += ["--auth-supernode-private-key", str(private)]
             self._start(f"supernode{i}", node)
+        if auth:  # a SuperNode whose key was never registered: the SuperLink must refuse it
+            private, _ = _node_keys(tmp, "intruder")
+            self._start("intruder", [str(bin_dir / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}",
+                                     "--port", str(_free_port()), "--node-config", "partition-id=0 num-partitions=2",
+                                     "--max-wait-time", "10", "--root-certificates", str(tls["ca"]),
+                                     "--auth-supernode-private-key", str(private)])
+            self.intruder = self.procs[-1]
 
     def _start(self, name: str, cmd: list[str]) -> None:
         log = open(self.tmp / f"{name}.log", "w")
@@ -396,18 +403,22 @@ needs_daemons = pytest.mark.skipif(shutil.which("flower-superlink", path=str(Pat
                                    reason="flwr's daemons are not installed next to this Python")
 
 
-def _deployed_run(tmp_path: Path, case: str, *, tls: bool, auth: bool = False) -> dict:
-    from fednorm.flower import write_app
+def _deployed_run(tmp_path: Path, cfg: ExperimentConfig, *, tls: bool, auth: bool = False) -> dict:
+    """``fednorm flower-app`` (the experiment travels inside the app), a federation, ``flwr run``."""
+    from fednorm.cli.main import main
 
-    cfg = _config(case)
     cfg_path = tmp_path / "experiment.yaml"
     cfg_path.write_text(json.dumps(cfg.model_dump(mode="json")))  # JSON is YAML
     out = tmp_path / "run"
     app_dir = tmp_path / "app"
-    write_app(app_dir, config=cfg_path, out=out, num_nodes=2, timeout=120, node_wait=60)
+    assert main(["flower-app", str(app_dir), "--config", str(cfg_path), "--out", str(out), "--num-nodes", "2",
+                 "--exchange-timeout", "120"]) == 0
     fed = Federation(tmp_path, 2, tls=_tls_files(tmp_path) if tls else None, auth=auth)
     try:
         fed.run_app(app_dir, out)
+        if auth:
+            assert fed.intruder.wait(timeout=60) != 0
+            assert "Failed to activate SuperNode" in (tmp_path / "intruder.log").read_text()
     finally:
         fed.close()
     from fednorm.engine.outputs import read_metrics, read_summary
@@ -419,11 +430,11 @@ def _deployed_run(tmp_path: Path, case: str, *, tls: bool, auth: bool = False) -
 
 @needs_daemons
 def test_deployment_superlink_and_two_supernodes_give_the_simulators_metrics(tmp_path):
-    got = _deployed_run(tmp_path, "fedbn", tls=False)
-    _close(got, _reference(_config("fedbn")), "deployment")
+    cfg = _config("fedbn", eval_every=2)  # 4 exchanges: train, train, evaluate, collect the local state
+    _close(_deployed_run(tmp_path, cfg, tls=False), _reference(cfg), "deployment")
 
 
 @needs_daemons
 def test_deployment_with_tls_and_supernode_authentication(tmp_path):
-    got = _deployed_run(tmp_path, "scaffold+fedadam, 3 of 5", tls=True, auth=True)
-    _close(got, _reference(_config("scaffold+fedadam, 3 of 5")), "tls+auth")
+    cfg = _config("scaffold+fedadam, 3 of 5")  # 3 exchanges: train, train, collect the local state
+    _close(_deployed_run(tmp_path, cfg, tls=True, auth=True), _reference(cfg), "tls+auth")

@@ -22,11 +22,15 @@ def _toml_str(value: str) -> str:
 
 def write_app(directory: str | Path, *, config: str | Path | None = None, out: str | Path | None = None,
               num_nodes: int = 2, timeout: float = 600.0, node_wait: float = 120.0) -> Path:
-    """Write ``directory/pyproject.toml`` with the run config's defaults (``config`` is made
-    absolute: the ServerApp reads it on the SuperLink's host). Returns the file."""
+    """Write ``directory/pyproject.toml`` with the run config's defaults. ``config`` is a YAML
+    file inside ``directory`` (kept relative: it travels in the app's FAB) or elsewhere (made
+    absolute: the ServerApp then reads it on the SuperLink's host). Returns the file."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    cfg = str(Path(config).resolve()) if config else ""
+    cfg = ""
+    if config:
+        full = Path(config).resolve()
+        cfg = str(full.relative_to(root.resolve())) if full.is_relative_to(root.resolve()) else str(full)
     text = f"""# A Flower app that runs fednorm experiments (written by `fednorm flower-app`).
 # flwr run {root} <superlink-connection> --run-config "config='/path/exp.yaml' out='/path/run'"
 
@@ -49,7 +53,7 @@ serverapp = "fednorm.flower.server_app:app"
 clientapp = "fednorm.flower.client_app:app"
 
 [tool.flwr.app.config]
-config = {_toml_str(cfg)}        # the experiment's YAML file, on the SuperLink's host
+config = {_toml_str(cfg)}        # the experiment's YAML file: relative to this directory, or absolute on the SuperLink's host
 overrides = ""     # inline YAML mapping of config fields, e.g. "{{rounds: 5}}"
 out = {_toml_str(str(out or ""))}           # run directory on the SuperLink's host (default: runs/...)
 resume = ""        # a run directory to continue from its latest checkpoint

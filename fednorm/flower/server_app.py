@@ -2,7 +2,9 @@
 
 Run config (``[tool.flwr.app.config]`` of the app, ``flwr run --run-config``):
 
-- ``config``: path of the experiment's YAML file on the SuperLink's host (as ``fednorm run --config``);
+- ``config``: the experiment's YAML file (as ``fednorm run --config``): a path relative to the app
+  directory (it travels inside the app's FAB, as ``fednorm flower-app`` writes it) or an absolute
+  path on the SuperLink's host;
 - ``overrides``: optional inline YAML/JSON mapping of config fields, e.g. ``"{rounds: 5}"``;
 - ``out``: the run directory, written on the SuperLink's host (default: ``runs/<...>``);
 - ``resume``: a run directory to continue from its latest checkpoint (then ``config`` is ignored);
@@ -34,8 +36,20 @@ DEFAULTS: dict[str, Any] = {"config": "", "overrides": "", "out": "", "resume": 
                             "node-wait": 120.0}
 
 
-def config_from_run_config(run_config: Mapping[str, Any]) -> ExperimentConfig:
-    """The experiment described by a run config's ``config`` and ``overrides``."""
+def app_dir(grid: Grid) -> Path | None:
+    """Where the SuperLink unpacked this run's app (FAB), if it did."""
+    try:
+        from flwr.common.config import get_project_dir
+
+        r = grid.run
+        return get_project_dir(r.fab_id, r.fab_version, r.fab_hash) if r.fab_id else None
+    except Exception:  # no FAB (run_simulation) or another flwr layout
+        return None
+
+
+def config_from_run_config(run_config: Mapping[str, Any], base: Path | None = None) -> ExperimentConfig:
+    """The experiment described by a run config's ``config`` (relative paths are taken from
+    ``base``, the app directory) and ``overrides``."""
     overrides: dict[str, Any] = {}
     text = str(run_config.get("overrides") or "").strip()
     if text:
@@ -47,6 +61,8 @@ def config_from_run_config(run_config: Mapping[str, Any]) -> ExperimentConfig:
     if out:
         overrides["out"] = out
     path = str(run_config.get("config") or "")
+    if path and not Path(path).is_absolute() and base is not None and (base / path).is_file():
+        path = str(base / path)
     return load_config(Path(path) if path else None, overrides)
 
 
@@ -74,7 +90,7 @@ def make_server_app(config: ExperimentConfig | None = None, *, num_nodes: int | 
         cfg = config
         resume = str(rc["resume"] or "") or None
         if cfg is None and resume is None:
-            cfg = config_from_run_config(rc)
+            cfg = config_from_run_config(rc, app_dir(grid))
         result = run_on_grid(grid, cfg, num_nodes=int(num_nodes or rc["num-nodes"]), timeout=float(rc["timeout"]),
                              node_wait=float(rc["node-wait"]), write=write, resume=resume)
         if results is not None:
