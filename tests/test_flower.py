@@ -188,6 +188,30 @@ def test_a_failed_node_drops_its_clients_and_min_clients_decides():
         strict.step()
 
 
+def test_misconfigured_supernodes_are_named():
+    from fednorm.errors import ConfigError
+    from fednorm.flower.client_app import app as client_app
+    from fednorm.flower.runtime import FlowerSimulation
+
+    grid = InProcessGrid(client_app, 2)
+    grid.contexts[101].node_config = {"partition-id": 0, "num-partitions": 2}
+    sim = FlowerSimulation(_config("fedbn"), grid=grid, nodes=grid.get_node_ids())
+    with pytest.raises(ConfigError, match="two SuperNodes have partition-id 0"):
+        sim.train_clients(1, [0, 1], 0.1)
+    grid.contexts[101].node_config = {}
+    with pytest.raises(ConfigError, match="--node-config 'partition-id=I num-partitions=N'"):
+        sim.train_clients(1, [0, 1], 0.1)
+
+
+def test_run_config_reads_the_experiment_from_the_app_directory(tmp_path):
+    from fednorm.flower.server_app import config_from_run_config
+
+    (tmp_path / "experiment.yaml").write_text("dataset: digits\nmethod: fedbn\nrounds: 7\n")
+    cfg = config_from_run_config({"config": "experiment.yaml", "overrides": "{rounds: 3, lr: 0.5}", "out": "/x/run"},
+                                 base=tmp_path)
+    assert (cfg.method, cfg.rounds, cfg.lr, cfg.out) == ("fedbn", 3, 0.5, "/x/run")
+
+
 def test_lockstep_methods_are_refused_with_a_pointer_to_launch():
     from fednorm.errors import ConfigError
     from fednorm.flower.client_app import app as client_app

@@ -77,10 +77,12 @@ def _hosted(clients: list[int], pid: int, num: int) -> list[int]:
 def handle(message_type: str, content: RecordDict, state: RecordDict, node_config: Any) -> RecordDict:
     """The reply content to one server message; updates ``state`` (the node's context.state)."""
     head = content["fednorm"]
-    pid, num = node_partition(node_config)
-    meta: dict[str, Any] = {"partition-id": pid, "num-partitions": num, "samples-seen": 0}
+    meta: dict[str, Any] = {"samples-seen": 0}
     reply = RecordDict()
+    pid = None
     try:
+        pid, num = node_partition(node_config)
+        meta.update({"partition-id": pid, "num-partitions": num})
         sim = _experiment(str(head["config"]))
         clients = [int(c) for c in head["clients"]]
         if message_type == protocol.BANK:
@@ -109,6 +111,7 @@ def handle(message_type: str, content: RecordDict, state: RecordDict, node_confi
             reply["answers"] = bank_to_record(answers)
         state[BANK_KEY] = bank_to_record({c: s for c, s in sim.bank.state_dict().items() if host_of(c, num) == pid})
     except (FednormError, DivergenceError, RoundFailedError) as exc:  # raised the same way on the server
-        meta.update({"error-type": type(exc).__name__, "error": f"partition {pid}: {exc}"})
+        where = "a SuperNode" if pid is None else f"the SuperNode with partition-id {pid}"
+        meta.update({"error-type": type(exc).__name__, "error": f"{where}: {exc}"})
     reply["fednorm"] = ConfigRecord(meta)
     return reply

@@ -47,16 +47,21 @@ def app_dir(grid: Grid) -> Path | None:
         return None
 
 
+def parse_overrides(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The run config's ``overrides`` mapping (empty when unset)."""
+    text = str(run_config.get("overrides") or "").strip()
+    if not text:
+        return {}
+    loaded = yaml.safe_load(text)
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"run config 'overrides' must be a YAML/JSON mapping, got {text!r}")
+    return loaded
+
+
 def config_from_run_config(run_config: Mapping[str, Any], base: Path | None = None) -> ExperimentConfig:
     """The experiment described by a run config's ``config`` (relative paths are taken from
     ``base``, the app directory) and ``overrides``."""
-    overrides: dict[str, Any] = {}
-    text = str(run_config.get("overrides") or "").strip()
-    if text:
-        loaded = yaml.safe_load(text)
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"run config 'overrides' must be a YAML/JSON mapping, got {text!r}")
-        overrides = loaded
+    overrides = parse_overrides(run_config)
     out = str(run_config.get("out") or "")
     if out:
         overrides["out"] = out
@@ -67,12 +72,15 @@ def config_from_run_config(run_config: Mapping[str, Any], base: Path | None = No
 
 
 def run_on_grid(grid: Grid, config: ExperimentConfig | None, *, num_nodes: int, timeout: float = 600.0,
-                node_wait: float = 120.0, write: bool = True, resume: str | Path | None = None) -> RunResult:
-    """``fednorm.api.run`` with the clients on the grid's nodes (waits for ``num_nodes``)."""
+                node_wait: float = 120.0, write: bool = True, resume: str | Path | None = None,
+                resume_overrides: Mapping[str, Any] | None = None) -> RunResult:
+    """``fednorm.api.run`` with the clients on the grid's nodes (waits for ``num_nodes``).
+    With ``resume`` (a run directory), continue it; ``resume_overrides`` may change the fields
+    that ``fednorm run --resume`` allows (e.g. ``rounds``)."""
     nodes = wait_for_nodes(grid, num_nodes, node_wait)
     factory = simulation_factory(grid, nodes, timeout)
     if resume:
-        return run(resume=resume, simulation=factory, progress=False)
+        return run(resume=resume, simulation=factory, progress=False, **dict(resume_overrides or {}))
     return run(config, simulation=factory, write=write, progress=False)
 
 
@@ -92,7 +100,8 @@ def make_server_app(config: ExperimentConfig | None = None, *, num_nodes: int | 
         if cfg is None and resume is None:
             cfg = config_from_run_config(rc, app_dir(grid))
         result = run_on_grid(grid, cfg, num_nodes=int(num_nodes or rc["num-nodes"]), timeout=float(rc["timeout"]),
-                             node_wait=float(rc["node-wait"]), write=write, resume=resume)
+                             node_wait=float(rc["node-wait"]), write=write, resume=resume,
+                             resume_overrides=parse_overrides(rc) if resume else None)
         if results is not None:
             results.append(result)
         s = result.summary
