@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,7 @@ class InProcessGrid(Grid):
     def __init__(self, client_app, num_nodes: int) -> None:
         _identity()
         self.client_app = client_app
+        self.outbox: dict = {}
         self.contexts = {
             100 + i: Context(run_id=1, node_id=100 + i, node_config={"partition-id": i, "num-partitions": num_nodes},
                              state=RecordDict(), run_config={})
@@ -127,14 +129,19 @@ class InProcessGrid(Grid):
     def get_node_ids(self):  # noqa: D102
         return list(self.contexts)
 
-    def push_messages(self, messages):  # noqa: D102
-        raise NotImplementedError
+    def push_messages(self, messages):  # noqa: D102 - runs the ClientApp at once; pull returns the replies
+        ids = []
+        for m in messages:
+            m.metadata.__dict__["_message_id"] = str(uuid.uuid4())  # as flwr's InMemoryGrid does
+            self.outbox[m.metadata.message_id] = self.client_app(m, self.contexts[m.metadata.dst_node_id])
+            ids.append(m.metadata.message_id)
+        return ids
 
     def pull_messages(self, message_ids):  # noqa: D102
-        raise NotImplementedError
+        return [self.outbox.pop(i) for i in list(message_ids) if i in self.outbox]
 
     def send_and_receive(self, messages, *, timeout=None):  # noqa: D102
-        return [self.client_app(m, self.contexts[m.metadata.dst_node_id]) for m in messages]
+        return self.pull_messages(self.push_messages(messages))
 
 
 def test_train_reply_is_the_engines_client_update_and_local_state_stays_on_the_node():
@@ -186,15 +193,15 @@ def test_a_failed_node_drops_its_clients_and_min_clients_decides():
     from fednorm.flower.runtime import FlowerSimulation
 
     class OneDeadNode(InProcessGrid):
-        def send_and_receive(self, messages, *, timeout=None):
-            return [r for r in super().send_and_receive(messages, timeout=timeout) if r.metadata.src_node_id != 100]
+        def pull_messages(self, message_ids):
+            return [r for r in super().pull_messages(message_ids) if r.metadata.src_node_id != 100]
 
     grid = OneDeadNode(client_app, 2)
-    sim = FlowerSimulation(_config("fedbn", min_clients=1), grid=grid, nodes=grid.get_node_ids(), timeout=1.0)
+    sim = FlowerSimulation(_config("fedbn", min_clients=1), grid=grid, nodes=grid.get_node_ids(), timeout=0.3)
     updates = sim.train_clients(1, [0, 1, 2, 3, 4], 0.1)
     assert updates.client_ids == [1, 3]  # partition 1's clients
     assert sorted(updates.failures) == [0, 2, 4] and "no reply" in updates.failures[0]
-    strict = FlowerSimulation(_config("fedbn", min_clients=3), grid=grid, nodes=grid.get_node_ids(), timeout=1.0)
+    strict = FlowerSimulation(_config("fedbn", min_clients=3), grid=grid, nodes=grid.get_node_ids(), timeout=0.3)
     with pytest.raises(RoundFailedError, match="fewer than min_clients=3"):
         strict.step()
 

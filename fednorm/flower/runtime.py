@@ -38,7 +38,7 @@ from ..methods.base import ClientUpdates
 from . import protocol
 from .records import bank_to_record, pack_tree, record_to_bank, record_to_updates, tensors_to_record
 
-__all__ = ["FlowerSimulation", "wait_for_nodes"]
+__all__ = ["FlowerSimulation", "wait_for_nodes", "send_and_receive", "simulation_factory"]
 
 _ERRORS: dict[str, type[BaseException]] = {
     "DivergenceError": DivergenceError,
@@ -58,6 +58,27 @@ def wait_for_nodes(grid: Grid, num_nodes: int, timeout: float) -> list[int]:
         if time.monotonic() > deadline:
             raise ConfigError(f"only {len(nodes)} of {num_nodes} SuperNodes connected within {timeout:.0f}s")
         time.sleep(0.05)
+
+
+def send_and_receive(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+    """Push ``messages`` and pull their replies until all arrived or ``timeout`` passed.
+
+    As ``Grid.send_and_receive``, but polling from 0.05 s up to 1 s instead of every 3 s (flwr
+    1.41's HTTP grid), which saves seconds per exchange in a deployment.
+    """
+    pending = set(grid.push_messages(messages))
+    deadline = time.monotonic() + timeout
+    replies: list[Message] = []
+    wait = 0.05
+    while pending:
+        got = list(grid.pull_messages(list(pending)))
+        replies.extend(got)
+        pending.difference_update(m.metadata.reply_to_message_id for m in got)
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(wait)
+        wait = min(1.0, wait * 1.5)
+    return replies
 
 
 class FlowerSimulation(Simulation):
@@ -108,7 +129,7 @@ class FlowerSimulation(Simulation):
         """Send ``content`` to every node; the replies by node, and the nodes that failed (reason).
         A fednorm error reported by a node is raised here."""
         messages = [Message(content, dst_node_id=n, message_type=message_type, group_id=group) for n in self.nodes]
-        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        replies = send_and_receive(self.grid, messages, self.timeout)
         self.exchanges += 1
         got: dict[int, RecordDict] = {}
         failed: dict[int, str] = {}
