@@ -240,6 +240,22 @@ def test_lockstep_methods_are_refused_with_a_pointer_to_launch():
         FlowerSimulation(ExperimentConfig(**{**BASE, "method": "fedtan", "norm": "bn"}), grid=grid, nodes=[100, 101])
 
 
+def test_flower_app_command_writes_the_app_and_refuses_fedtan(tmp_path, capsys):
+    import tomllib
+
+    from fednorm.cli.main import main
+    from fednorm.config import load_config
+
+    assert main(["flower-app", str(tmp_path / "app"), "--method", "fedbn", "--rounds", "3", "--num-nodes", "3"]) == 0
+    app = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert app["components"] == {"serverapp": "fednorm.flower.server_app:app", "clientapp": "fednorm.flower.client_app:app"}
+    assert app["config"]["config"] == "experiment.yaml" and app["config"]["num-nodes"] == 3
+    cfg = load_config(tmp_path / "app" / "experiment.yaml")
+    assert (cfg.method, cfg.rounds) == ("fedbn", 3)
+    assert main(["flower-app", str(tmp_path / "bad"), "--method", "fedtan"]) == 2
+    assert "fednorm launch" in capsys.readouterr().err
+
+
 def test_a_flower_checkpoint_resumes_on_fresh_nodes_to_the_same_metrics(tmp_path):
     """The clients' local state is collected from the nodes into the checkpoint, and a resumed
     run pushes it to new nodes (empty context.state), so it continues exactly."""
