@@ -206,6 +206,20 @@ def test_a_failed_node_drops_its_clients_and_min_clients_decides():
         strict.step()
 
 
+def test_a_divergence_on_a_node_stops_the_run_as_in_process():
+    from fednorm.errors import DivergenceError
+    from fednorm.flower.client_app import app as client_app
+    from fednorm.flower.runtime import simulation_factory
+
+    cfg = _config("fedbn", lr=1e12, momentum=0.0)
+    with pytest.raises(DivergenceError) as local:
+        run(cfg, write=False, progress=False)
+    grid = InProcessGrid(client_app, 2)
+    with pytest.raises(DivergenceError) as remote:
+        run(cfg, write=False, progress=False, simulation=simulation_factory(grid, grid.get_node_ids(), 5.0))
+    assert str(remote.value).endswith(str(local.value))  # the same client, round and step, named by its node
+
+
 def test_misconfigured_supernodes_are_named():
     from fednorm.errors import ConfigError
     from fednorm.flower.client_app import app as client_app

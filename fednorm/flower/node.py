@@ -83,13 +83,13 @@ def handle(message_type: str, content: RecordDict, state: RecordDict, node_confi
     try:
         pid, num = node_partition(node_config)
         meta.update({"partition-id": pid, "num-partitions": num})
-        sim = _experiment(str(head["config"]))
-        clients = [int(c) for c in head["clients"]]
-        if message_type == protocol.BANK:
+        if message_type == protocol.BANK:  # no experiment needed
             own = record_to_bank(state[BANK_KEY]) if BANK_KEY in state else {}
             reply["answers"] = bank_to_record({c: s for c, s in own.items() if host_of(c, num) == pid})
             reply["fednorm"] = ConfigRecord(meta)
             return reply
+        sim = _experiment(str(head["config"]))
+        clients = [int(c) for c in head["clients"]]
         mine = _hosted(clients, pid, num)
         _load(sim, content, state, pid, num)
         server_round = int(head["server-round"])

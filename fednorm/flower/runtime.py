@@ -33,19 +33,21 @@ from ..data.federated import FederatedData
 from ..engine.bank import ClientStateBank
 from ..engine.remote import host_of, merge_updates
 from ..engine.simulator import Simulation
-from ..errors import ConfigError, DivergenceError, InconsistentUpdateError, RoundFailedError
+from .. import errors
+from ..errors import ConfigError, DivergenceError, RoundFailedError
 from ..methods.base import ClientUpdates
 from . import protocol
 from .records import bank_to_record, pack_tree, record_to_bank, record_to_updates, tensors_to_record
 
 __all__ = ["FlowerSimulation", "wait_for_nodes", "send_and_receive", "simulation_factory"]
 
-_ERRORS: dict[str, type[BaseException]] = {
-    "DivergenceError": DivergenceError,
-    "RoundFailedError": RoundFailedError,
-    "InconsistentUpdateError": InconsistentUpdateError,
-    "ConfigError": ConfigError,
-}
+
+
+def _error(name: str, message: str) -> BaseException:
+    """A node's fednorm error (by class name), to raise on the server as in-process."""
+    cls = getattr(errors, name, None)
+    ok = isinstance(cls, type) and issubclass(cls, (errors.FednormError, DivergenceError, RoundFailedError))
+    return cls(message) if ok else RuntimeError(f"{name}: {message}")
 
 
 def wait_for_nodes(grid: Grid, num_nodes: int, timeout: float) -> list[int]:
@@ -140,7 +142,7 @@ class FlowerSimulation(Simulation):
                 continue
             head = reply.content["fednorm"]
             if "error-type" in head:
-                raise _ERRORS.get(str(head["error-type"]), RuntimeError)(str(head["error"]))
+                raise _error(str(head["error-type"]), str(head["error"]))
             got[node] = reply.content
         for node in self.nodes:
             if node not in got and node not in failed:
