@@ -4,7 +4,8 @@
    engine's own client update, and the node keeps its clients' local state in ``context.state``;
    a grid that calls the ClientApp in-process runs whole experiments (FedBN, HBN, SCAFFOLD with
    FedAdam) to the in-process simulator's metrics.
-2. Flower's simulation engine (Ray, 2 virtual SuperNodes): HBN, metrics equal to in-process.
+2. Flower's simulation engine (Ray, 2 virtual SuperNodes): HBN, metrics equal to in-process, through
+   ``run_simulation`` and through ``flwr run`` against a simulation SuperLink.
 3. A real deployment over loopback: a SuperLink and 2 SuperNodes started here, ``flwr run`` of
    2 rounds of FedBN; the run directory's metrics equal the in-process run's.
 4. The same with TLS (certificates generated here) and SuperNode authentication (EC keys
@@ -368,15 +369,18 @@ def _node_keys(d: Path, name: str) -> tuple[Path, Path]:
 
 
 class Federation:
-    """A SuperLink and SuperNodes on fresh loopback ports, with their own FLWR_HOME."""
+    """A SuperLink and SuperNodes on fresh loopback ports, with their own FLWR_HOME. With
+    ``simulation``, a simulation SuperLink whose ``num_nodes`` virtual SuperNodes run on Ray."""
 
-    def __init__(self, tmp: Path, num_nodes: int, tls: dict[str, Path] | None = None, auth: bool = False) -> None:
+    def __init__(self, tmp: Path, num_nodes: int, tls: dict[str, Path] | None = None, auth: bool = False,
+                 simulation: bool = False) -> None:
         self.tmp, self.tls, self.procs, self.logs = tmp, tls, [], []
         bin_dir = Path(sys.executable).parent
         flwr_home = tmp / "flwr-home"
         flwr_home.mkdir()
         self.env = {**os.environ, "FLWR_HOME": str(flwr_home), "FLWR_TELEMETRY_ENABLED": "0",
-                    "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                    "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",
+                    "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                     "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
                     "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.flwr = str(bin_dir / "flwr")
@@ -388,11 +392,15 @@ class Federation:
         if auth:
             link.append("--enable-supernode-auth")
         conn = f'root-certificates = "{tls["ca"]}"' if tls else "insecure = true"
+        if simulation:
+            link.append("--simulation")
+            conn += (f"\noptions.num-supernodes = {num_nodes}\noptions.backend.client-resources.num-cpus = 1"
+                     "\noptions.backend.init-args.num-cpus = 2")
         (flwr_home / "config.toml").write_text(
             f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{self.port}"\n{conn}\n')
         self._start("superlink", link)
         self._wait_health()
-        for i in range(num_nodes):
+        for i in range(0 if simulation else num_nodes):
             node = [str(bin_dir / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}", "--port", str(_free_port()),
                     "--node-config", f"partition-id={i} num-partitions={num_nodes}", "--max-wait-time", "60"]
             node += ["--root-certificates", str(tls["ca"])] if tls else ["--insecure"]
@@ -475,7 +483,8 @@ needs_daemons = pytest.mark.skipif(shutil.which("flower-superlink", path=str(Pat
                                    reason="flwr's daemons are not installed next to this Python")
 
 
-def _deployed_run(tmp_path: Path, cfg: ExperimentConfig, *, tls: bool, auth: bool = False) -> dict:
+def _deployed_run(tmp_path: Path, cfg: ExperimentConfig, *, tls: bool = False, auth: bool = False,
+                  simulation: bool = False) -> dict:
     """``fednorm flower-app`` (the experiment travels inside the app), a federation, ``flwr run``."""
     from fednorm.cli.main import main
 
@@ -485,7 +494,7 @@ def _deployed_run(tmp_path: Path, cfg: ExperimentConfig, *, tls: bool, auth: boo
     app_dir = tmp_path / "app"
     assert main(["flower-app", str(app_dir), "--config", str(cfg_path), "--out", str(out), "--num-nodes", "2",
                  "--exchange-timeout", "120"]) == 0
-    fed = Federation(tmp_path, 2, tls=_tls_files(tmp_path) if tls else None, auth=auth)
+    fed = Federation(tmp_path, 2, tls=_tls_files(tmp_path) if tls else None, auth=auth, simulation=simulation)
     try:
         fed.run_app(app_dir, out)
         if auth:
@@ -498,6 +507,15 @@ def _deployed_run(tmp_path: Path, cfg: ExperimentConfig, *, tls: bool, auth: boo
     summary = read_summary(out)
     assert summary["status"] == "completed" and summary["runtime"] == "Flower (2 SuperNodes)"
     return _metrics(read_metrics(out), summary)
+
+
+@needs_daemons
+def test_flwr_run_on_a_simulation_superlink_gives_the_simulators_metrics(tmp_path):
+    """The same app directory on Flower's simulation runtime (`flower-superlink --simulation`,
+    Ray, 2 virtual SuperNodes whose node config holds partition-id / num-partitions)."""
+    pytest.importorskip("ray")
+    cfg = _config("hbn", eval_every=2)
+    _close(_deployed_run(tmp_path, cfg, simulation=True), _reference(cfg), "flwr run --simulation")
 
 
 @needs_daemons
