@@ -8,7 +8,16 @@
 Needs the ``flower`` extra (``pip install fednorm[flower]``). See docs/deploy.md.
 """
 
-from .appdir import write_app
-from .simulation import run_simulation
+from typing import Any
+
+from .appdir import write_app  # needs no flwr: `fednorm flower-app` works without the extra
 
 __all__ = ["run_simulation", "write_app"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "run_simulation":
+        from .simulation import run_simulation
+
+        return run_simulation
+    raise AttributeError(f"module 'fednorm.flower' has no attribute '{name}'")
