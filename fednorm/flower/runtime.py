@@ -156,8 +156,8 @@ class FlowerSimulation(Simulation):
             parts[pid] = num
         if len(set(parts.values())) > 1:
             raise ConfigError(f"SuperNodes disagree on num-partitions: {sorted(set(parts.values()))}")
-        if message_type != protocol.BANK:
-            self._push_bank = None  # delivered
+        if message_type != protocol.BANK and not failed:
+            self._push_bank = None  # every node has its clients' state back
         return got, failed
 
     def _covered(self, content: RecordDict) -> set[int]:
