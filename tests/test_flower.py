@@ -286,6 +286,35 @@ def test_a_flower_checkpoint_resumes_on_fresh_nodes_to_the_same_metrics(tmp_path
     _close(json.loads(json.dumps(_metrics(resumed.history, resumed.summary))), _reference(_config("fedbn")), "resume")
 
 
+def test_after_a_resume_each_node_gets_its_clients_state_back_until_it_answers(tmp_path):
+    from fednorm.flower.client_app import app as client_app
+    from fednorm.flower.runtime import simulation_factory
+
+    grid = InProcessGrid(client_app, 2)
+    run(_config("fedbn", rounds=1, out=str(tmp_path / "run")), progress=False,
+        simulation=simulation_factory(grid, grid.get_node_ids(), 60.0))
+
+    class FirstReplyOfNode100Lost(InProcessGrid):
+        sent: list = []
+
+        def push_messages(self, messages):
+            messages = list(messages)
+            self.sent.append({m.metadata.dst_node_id: "bank" in m.content.array_records for m in messages})
+            return super().push_messages(messages)
+
+        def pull_messages(self, message_ids):
+            got = super().pull_messages(message_ids)
+            return [r for r in got if len(self.sent) > 1 or r.metadata.src_node_id != 100]
+
+    flaky = FirstReplyOfNode100Lost(client_app, 2)
+    resumed = run(resume=tmp_path / "run", rounds=3, progress=False,
+                  simulation=simulation_factory(flaky, flaky.get_node_ids(), 0.3))
+    assert resumed.summary["status"] == "completed" and resumed.summary["dropped_clients"] == {"error": 3}
+    assert flaky.sent[0] == {100: True, 101: True}  # round 2's train: both get the checkpoint's state
+    assert flaky.sent[1] == {100: True, 101: False}  # node 100 did not answer: it gets it again, 101 not
+    assert all(not any(s.values()) for s in flaky.sent[2:])
+
+
 def test_records_round_trip_keeps_dtypes_and_bfloat16():
     from fednorm.flower.records import pack_tree, record_to_tensors, tensors_to_record, unpack_tree
 

@@ -105,7 +105,8 @@ class FlowerSimulation(Simulation):
         self.grid = grid
         self.nodes = list(nodes)
         self.timeout = timeout
-        self._push_bank: dict[int, dict[str, torch.Tensor]] | None = None  # after a resume
+        self._push_bank: dict[int, dict[str, torch.Tensor]] | None = None  # after a resume, until
+        self._push_to: set[int] = set()  # these nodes have answered a message that carried it
         self._gathered: tuple[int, dict[int, dict[str, torch.Tensor]]] | None = None
         self.exchanges = 0
 
@@ -123,14 +124,17 @@ class FlowerSimulation(Simulation):
         })
         if state is not None:  # only the tensors that differ from the global state
             content["state"] = tensors_to_record({k: v for k, v in state.items() if v is not self.global_state.get(k)})
-        if self._push_bank is not None:
-            content["bank"] = bank_to_record(self._push_bank)
         return content
 
     def _exchange(self, message_type: str, content: RecordDict, group: str) -> tuple[dict[int, RecordDict], dict[int, str]]:
         """Send ``content`` to every node; the replies by node, and the nodes that failed (reason).
         A fednorm error reported by a node is raised here."""
-        messages = [Message(content, dst_node_id=n, message_type=message_type, group_id=group) for n in self.nodes]
+        restoring = content
+        if self._push_bank is not None and message_type != protocol.BANK:  # after a resume
+            restoring = RecordDict(dict(content.items()))
+            restoring["bank"] = bank_to_record(self._push_bank)
+        messages = [Message(restoring if n in self._push_to else content, dst_node_id=n, message_type=message_type,
+                            group_id=group) for n in self.nodes]
         replies = send_and_receive(self.grid, messages, self.timeout)
         self.exchanges += 1
         got: dict[int, RecordDict] = {}
@@ -156,8 +160,10 @@ class FlowerSimulation(Simulation):
             parts[pid] = num
         if len(set(parts.values())) > 1:
             raise ConfigError(f"SuperNodes disagree on num-partitions: {sorted(set(parts.values()))}")
-        if message_type != protocol.BANK and not failed:
-            self._push_bank = None  # every node has its clients' state back
+        if restoring is not content:
+            self._push_to -= set(got)
+            if not self._push_to:
+                self._push_bank = None  # every node has its clients' state back
         return got, failed
 
     def _covered(self, content: RecordDict) -> set[int]:
@@ -211,7 +217,7 @@ class FlowerSimulation(Simulation):
     # -- the clients' local state (checkpoints, summary) --------------------------------------
     def collect_bank(self) -> dict[int, dict[str, torch.Tensor]]:
         """Every client's local state, fetched from the nodes (once per round)."""
-        if self._push_bank is not None:  # resumed and not yet sent: the checkpoint's own
+        if self._push_bank is not None and self._push_to == set(self.nodes):  # resumed, nothing sent yet
             return self._push_bank
         if self.server_round == 0:
             return {}
@@ -223,6 +229,8 @@ class FlowerSimulation(Simulation):
             bank: dict[int, dict[str, torch.Tensor]] = {}
             for reply in got.values():
                 bank.update(record_to_bank(reply["answers"]))
+            if self._push_bank is not None:  # nodes that have not had theirs back yet: the checkpoint's
+                bank = {**self._push_bank, **bank}
             self._gathered = (self.server_round, bank)
         return self._gathered[1]
 
@@ -236,6 +244,7 @@ class FlowerSimulation(Simulation):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self._push_bank = {int(c): dict(s) for c, s in state["bank"].items()} or None
+        self._push_to = set(self.nodes) if self._push_bank else set()
         self.bank = ClientStateBank(self.device)
 
     def summary(self) -> dict[str, Any]:
