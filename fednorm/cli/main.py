@@ -192,6 +192,18 @@ def build_parser() -> argparse.ArgumentParser:
     p_adapt.add_argument("--num-samples", type=int, help="at most this many training samples for the statistics")
     p_adapt.add_argument("--data-dir", help="dataset folder, if not the run's")
 
+    p_fl = sub.add_parser(
+        "flower-app", help="write a Flower app directory that runs this experiment on a Flower federation",
+        description="Write DIR/pyproject.toml (a Flower app whose ServerApp and ClientApp are fednorm's) and "
+        "DIR/experiment.yaml (the experiment, from the same options as `fednorm run`). Then start a SuperLink and "
+        "SuperNodes and submit it with `flwr run DIR <connection>` (docs/deploy.md). Needs the flower extra.",
+    )
+    p_fl.add_argument("dir", type=Path, metavar="DIR")
+    p_fl.add_argument("--config", type=Path, help="YAML config file (options below override it)")
+    p_fl.add_argument("--num-nodes", type=int, default=2, help="SuperNodes the ServerApp waits for (default: 2)")
+    p_fl.add_argument("--exchange-timeout", type=float, default=600.0, help="seconds one message exchange may take (default: 600)")
+    _add_config_options(p_fl)
+
     p_list = sub.add_parser("list", help="list methods, norms, models, datasets and partitions")
     p_list.add_argument("what", nargs="?", choices=["methods", "norms", "models", "datasets", "partitions", "client_opts", "server_opts", "aggregators", "attacks"], help="one registry (default: all)")
     return parser
@@ -372,6 +384,32 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_flower_app(args: argparse.Namespace) -> int:
+    """``fednorm flower-app DIR``: the experiment and a Flower app that runs it."""
+    from ..methods import METHODS
+
+    cfg = _config_from(args)
+    if getattr(METHODS.get_builder(cfg.method), "requires_lockstep", False):
+        raise ConfigError(f"method '{cfg.method}' synchronises its clients inside every local step, which Flower's "
+                          "round-based messages cannot do; use `fednorm launch` (torch.distributed) instead")
+    from ..flower.appdir import write_app  # no flwr needed to write the app
+    args.dir.mkdir(parents=True, exist_ok=True)
+    experiment = args.dir / "experiment.yaml"
+    data = cfg.model_dump(mode="json")
+    out = data.pop("out", None)
+    experiment.write_text(yaml.safe_dump(data, sort_keys=False))
+    path = write_app(args.dir, config=experiment, out=out, num_nodes=args.num_nodes, timeout=args.exchange_timeout)
+    n = args.num_nodes
+    print(f"wrote {path} and {experiment}")
+    print("next: start a SuperLink and the SuperNodes, then submit (see docs/deploy.md):")
+    print("  flower-superlink --insecure --disable-runtime-dependency-installation")
+    for i in range(n):
+        print(f"  flower-supernode --insecure --superlink 127.0.0.1:8000 --port {9094 + i} "
+              f"--node-config 'partition-id={i} num-partitions={n}'")
+    print(f"  flwr run {args.dir} <connection>   # [superlink.<connection>] in $FLWR_HOME/config.toml")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from ..engine.checkpoint import CheckpointError
 
@@ -393,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"fednorm launch: error: {exc}", file=sys.stderr)
             return 2
     handler = {"run": _cmd_run, "compare": _cmd_compare, "partition": _cmd_partition, "list": _cmd_list,
-               "analyze": _cmd_analyze,
+               "analyze": _cmd_analyze, "flower-app": _cmd_flower_app,
                "adapt": _cmd_adapt}[args.command]
     try:
         return handler(args)

@@ -413,13 +413,27 @@ def _stratified_split(targets: np.ndarray, test_fraction: float, seed: int) -> t
 
 @functools.lru_cache(maxsize=1)
 def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """All 1797 digits as uint8 ``N×8×8×1`` and int64 labels (cached: sklearn parses a CSV)."""
-    from sklearn.datasets import load_digits
+    """All 1797 digits as uint8 ``N×8×8×1`` and int64 labels (cached).
 
-    bunch = load_digits()
-    images = np.floor(bunch.images * (255.0 / 16.0) + 0.5).astype(np.uint8)[..., None]
+    Reads scikit-learn's bundled ``digits.csv.gz`` (64 pixels then the label per row) without
+    importing scikit-learn, which takes seconds: every process of a Flower or torch.distributed
+    run builds the data. Falls back to ``sklearn.datasets.load_digits`` if the file moved.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz" if spec else None
+    if path is not None and path.is_file():
+        table = np.loadtxt(path, delimiter=",")
+        pixels, target = table[:, :-1].reshape(-1, 8, 8), table[:, -1]
+    else:  # pragma: no cover - another scikit-learn layout
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        pixels, target = bunch.images, bunch.target
+    images = np.floor(pixels * (255.0 / 16.0) + 0.5).astype(np.uint8)[..., None]
     images.flags.writeable = False  # shared by every Digits instance; splits index copies
-    return images, bunch.target.astype(np.int64)
+    return images, target.astype(np.int64)
 
 
 @register_dataset("digits")
