@@ -54,6 +54,25 @@ def _describe(exc: BaseException) -> tuple[str, str]:
     return (name, str(exc)) if name in _ROUND_ERRORS else (name, f"{name}: {exc}")
 
 
+def _moved(obj: Any, device: Any) -> Any:
+    """``obj`` (tensors in dicts, lists, ClientUpdates) on ``device``. Object collectives pickle
+    tensors with their device, so everything crosses ranks on the CPU (cuda:1 means nothing on
+    rank 0) and returns to the rank's device after."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _moved(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_moved(v, device) for v in obj]
+    if isinstance(obj, ClientUpdates):
+        return ClientUpdates(
+            client_ids=obj.client_ids, states=_moved(obj.states, device), num_examples=obj.num_examples,
+            train_loss=obj.train_loss, num_steps=obj.num_steps, extras=_moved(obj.extras, device),
+            failures=obj.failures, seconds=obj.seconds,
+        )
+    return obj
+
+
 def init_distributed(backend: str | None = None, timeout: float = 300.0) -> None:
     """Join the process group described by torchrun's environment (``RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR``, ``MASTER_PORT``). ``timeout`` bounds every collective, so a rank that
@@ -146,7 +165,7 @@ class DistributedSimulation(Simulation):
         payload: dict[str, Any] = {"seen": 0, "updates": None}
         try:
             if mine:
-                payload["updates"] = self.executor.run_round(server_round, mine, self.global_state, lr)
+                payload["updates"] = _moved(self.executor.run_round(server_round, mine, self.global_state, lr), "cpu")
                 payload["seen"] = self.executor.last_samples_seen
         except Exception as exc:  # reported through the server and raised on every rank, never a lone exit
             name, message = _describe(exc)
@@ -161,13 +180,13 @@ class DistributedSimulation(Simulation):
             name, message = errors[0]
             raise _ROUND_ERRORS.get(name, RuntimeError)(message)
         self._last_samples_seen = sum(p["seen"] for p in gathered)
-        return merge_updates([p["updates"] for p in gathered], client_ids)
+        return _moved(merge_updates([p["updates"] for p in gathered], client_ids), self.device)
 
     def _server_state(self) -> dict[str, Any]:
         return {
             "server_round": self.server_round,
-            "global_state": self.global_state,
-            "method_state": self.method.state_dict(),
+            "global_state": _moved(self.global_state, "cpu"),
+            "method_state": _moved(self.method.state_dict(), "cpu"),
             "counters": (self.uplink_bytes, self.downlink_bytes, self.comm_rounds, self.samples_trained, self.wall_seconds),
             "dropped": dict(self.dropped),
             "events": list(self.events),
@@ -188,12 +207,12 @@ class DistributedSimulation(Simulation):
         self, client_ids: list[int], query: str, state: dict[str, torch.Tensor] | None = None
     ) -> dict[int, dict[str, torch.Tensor]]:
         """Each rank answers for the clients it hosts; every rank receives all answers."""
-        mine = {cid: self.client_query(cid, query, state) for cid in self.hosted(client_ids)}
+        mine = {cid: _moved(self.client_query(cid, query, state), "cpu") for cid in self.hosted(client_ids)}
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, mine)
         answers: dict[int, dict[str, torch.Tensor]] = {}
         for part in gathered:
-            answers.update(part)
+            answers.update(_moved(part, self.device))
         return answers
 
     def evaluate_global(self, state: dict[str, torch.Tensor]) -> tuple[float, float, list[float | None]]:
@@ -212,7 +231,7 @@ class DistributedSimulation(Simulation):
     # -- whole-run state ----------------------------------------------------------------------
     def _full_bank(self) -> dict[int, dict[str, torch.Tensor]]:
         """Every client's local state, collected from the ranks that host them."""
-        own = {cid: s for cid, s in self.bank.state_dict().items() if host_of(cid, self.world_size) == self.rank}
+        own = {cid: _moved(s, "cpu") for cid, s in self.bank.state_dict().items() if host_of(cid, self.world_size) == self.rank}
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, own)
         full: dict[int, dict[str, torch.Tensor]] = {}
