@@ -19,8 +19,19 @@ therefore an *early-training* number, beside the paper's final-round numbers.
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/ln_fn.py --settings 1class --norms fn,ln,none \
         --lr 0.03 --rounds 8 --eval-every 4 --out benchmarks/results/ln_fn_lr0.03.json
 
-The results in docs/ln_fn.md come from these commands; the first was stopped after its 1-class
-setting to stay within a 20 CPU-minute budget, so the 2-class and Dir(0.1) settings were not run.
+    # 2-class and Dir(0.1), 16 rounds:
+    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/ln_fn.py --settings 2class,dir0.1 --rounds-other 16 \
+        --eval-every 8 --out benchmarks/results/ln_fn_2class_dir0.1.json
+    # a longer 1-class run, and Fig. 4's centralised reference (one client, batch 320, 10 steps a round):
+    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/ln_fn.py --settings 1class --norms none,ln,fn --rounds 64 \
+        --eval-every 8 --out benchmarks/results/ln_fn_1class_r64.json
+    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/ln_fn.py --settings central --norms none --rounds 64 \
+        --eval-every 8 --out benchmarks/results/ln_fn_central_r64.json
+    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/ln_fn.py --settings central --norms none --rounds 64 \
+        --eval-every 8 --momentum 0.9 --out benchmarks/results/ln_fn_central_m0.9_r64.json
+
+The results in docs/ln_fn.md come from these commands (all with ``--data-dir ../shared/data``); the
+first was stopped after its 1-class setting to stay within a 20 CPU-minute budget.
 """
 
 from __future__ import annotations
@@ -48,7 +59,12 @@ SETTINGS = {
     "1class": {"partition": "classes", "classes_per_client": 1},
     "2class": {"partition": "classes", "classes_per_client": 2},
     "dir0.1": {"partition": "dirichlet", "alpha": 0.1},
+    # Fig. 4's centralised reference: one client with all the data, batch 320 = 10 clients x 32,
+    # 10 steps per "round", the same lr and (unless --momentum) plain SGD (spec §5 row 20), so a round
+    # costs the same.
+    "central": {"partition": "iid", "num_clients": 1, "batch_size": 320},
 }
+RUN_KEYS = ("num_clients", "batch_size")  # setting keys that override the run config, not the partition
 NORMS = ("none", "bn", "gn", "ln", "fn")
 LABEL = {"none": "FedAvg", "bn": "FedAvg + BN", "gn": "FedGN", "ln": "FedLN", "fn": "FedFN"}
 # Paper, final round (10,000 rounds). Table 4: CIFAR-10 CNN (FN/LN in reduced form, GN G=2);
@@ -126,9 +142,12 @@ def main() -> None:
     p.add_argument("--data-dir")
     p.add_argument("--rounds", type=int, default=24, help="rounds in the 1-class setting (paper: 10,000)")
     p.add_argument("--rounds-other", type=int, default=6, help="rounds in the 2-class and Dir(0.1) settings")
-    p.add_argument("--settings", default="1class,2class,dir0.1")
+    p.add_argument("--settings", default="1class,2class,dir0.1",
+                   help="comma list of " + ", ".join(SETTINGS) + " ('central' runs --rounds, as 1class)")
     p.add_argument("--norms", default=",".join(NORMS))
     p.add_argument("--lr", type=float, default=0.01, help="client lr (paper: 0.01 on CIFAR-10)")
+    p.add_argument("--momentum", type=float, default=0.0,
+                   help="SGD momentum (paper: 0 for clients; App. C.3 may use 0.9 for the centralised curve)")
     p.add_argument("--sweep-lrs", default="", help="extra lrs for the 1-class lr-robustness sweep, e.g. 0.003,0.03")
     p.add_argument("--sweep-norms", default="none,ln,fn")
     p.add_argument("--sweep-rounds", type=int, default=10)
@@ -142,7 +161,7 @@ def main() -> None:
     root = data_dir(args.data_dir)
     base = {
         "dataset": "cifar10", "data_dir": root, "num_clients": 10, "model": "ln_cnn", "method": "fedavg",
-        "local_steps": 10, "batch_size": 32, "drop_last": True, "momentum": 0.0, "weight_decay": 0.0,
+        "local_steps": 10, "batch_size": 32, "drop_last": True, "momentum": args.momentum, "weight_decay": 0.0,
         "augment": True, "seed": args.seed, "threads": 1, "checkpoint_every": 0,
     }
     result = {"benchmark": "ln_fn", "machine": machine(), "args": vars(args), "base_config": base, "runs": {}}
@@ -157,13 +176,13 @@ def main() -> None:
         part = SETTINGS[setting]
         cfg0 = {**base, **part}
         data = build_federated_data(
-            "cifar10", num_clients=10, partition_name=part["partition"], seed=args.seed, data_dir=root, augment=True,
-            **{k: v for k, v in part.items() if k != "partition"},
+            "cifar10", num_clients=cfg0["num_clients"], partition_name=part["partition"], seed=args.seed, data_dir=root,
+            augment=True, **{k: v for k, v in part.items() if k != "partition" and k not in RUN_KEYS},
         )
         data = subset_test(data, args.test_per_class, args.seed)
         if not args.input_norm:
             data = to_unit_pixels(data)
-        rounds = args.rounds if setting == "1class" else args.rounds_other
+        rounds = args.rounds if setting in ("1class", "central") else args.rounds_other
         eval_at = set(range(args.eval_every, rounds + 1, args.eval_every))
         print(f"{setting}: {rounds} rounds, clients' train sizes {data.client_sizes().tolist()}", flush=True)
         for norm in norms:
@@ -175,14 +194,15 @@ def main() -> None:
                     result["runs"]["1class"][f"{norm}@{lr:g}"] = run_one(cfg0, data, norm, args.sweep_rounds, lr, set())
                     save()
 
-    # Tables.
-    print("\nmean client accuracy (%), this run (early rounds) | paper, final round of 10,000 (CNN, Tables 2/4) | paper ResNet-18 (Table 1)")
-    settings = [s for s in args.settings.split(",") if s]
-    print("| method | " + " | ".join(f"{s} (ours)" for s in settings) + " | " + " | ".join(f"{s} (paper CNN)" for s in settings)
-          + " | " + " | ".join(f"{s} (paper ResNet)" for s in settings) + " |")
-    print("|---" * (1 + 3 * len(settings)) + "|")
+    # Tables (the paper gives no number for "central", so it has only its per-run lines above).
+    settings = [s for s in args.settings.split(",") if s and s != "central"]
+    if settings:
+        print("\nmean client accuracy (%), this run (early rounds) | paper, final round of 10,000 (CNN, Tables 2/4) | paper ResNet-18 (Table 1)")
+        print("| method | " + " | ".join(f"{s} (ours)" for s in settings) + " | " + " | ".join(f"{s} (paper CNN)" for s in settings)
+              + " | " + " | ".join(f"{s} (paper ResNet)" for s in settings) + " |")
+        print("|---" * (1 + 3 * len(settings)) + "|")
     idx = {"1class": 0, "2class": 1, "dir0.1": 2}
-    for norm in norms:
+    for norm in norms if settings else []:
         ours = []
         for s in settings:
             run = result["runs"].get(s, {}).get(f"{norm}@{args.lr:g}")
