@@ -49,13 +49,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--local-epochs", type=int, default=1)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                    help="float64 shows that the metrics agree to rounding; in float32 hundreds of SGD steps "
+                         "amplify summation-order differences (a rank stacks its clients, not the round's)")
     ap.add_argument("--threads", type=int, help="intra-op threads of the in-process run (default: all cores)")
     ap.add_argument("--out", default="benchmarks/results/distributed.json")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     common = ["--dataset", args.dataset, "--num-clients", str(args.num_clients), "--rounds", str(args.rounds),
               "--method", args.method, "--norm", args.norm, "--model", args.model, "--batch-size", str(args.batch_size),
-              "--local-epochs", str(args.local_epochs), "--eval-every", "1", "--checkpoint-every", "0", "--quiet"]
+              "--local-epochs", str(args.local_epochs), "--dtype", args.dtype, "--eval-every", "1", "--checkpoint-every", "0", "--quiet"]
     if args.data_dir:
         common += ["--data-dir", args.data_dir]
     fednorm = [sys.executable, "-m", "fednorm.cli.main"]
@@ -80,7 +83,8 @@ def main() -> None:
             rows.append({"runtime": f"fednorm launch --nproc {n}", "processes": n, "end_to_end_s": end_to_end,
                          "run_s": s["wall_seconds"], "final_test_accuracy": s["final_test_accuracy"], "max_metric_diff": diff})
     base = rows[0]
-    print(f"{args.method}+{args.norm}, {args.model} on {args.dataset}, {args.num_clients} clients, {args.rounds} rounds, {cores} cores")
+    print(f"{args.method}+{args.norm}, {args.model} on {args.dataset}, {args.num_clients} clients, {args.rounds} rounds, "
+          f"{args.dtype}, {cores} cores")
     print(f"{'runtime':<26} {'end-to-end s':>12} {'x in-proc':>9} {'run s':>8} {'x in-proc':>9} {'final acc':>9} {'max diff':>9}")
     for r in rows:
         r["end_to_end_ratio"] = r["end_to_end_s"] / base["end_to_end_s"]
