@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from _compare import assert_close_tree
 from fednorm.api import run
 from fednorm.config import ExperimentConfig
 
@@ -78,19 +78,7 @@ def _worker(rank: int, world: int, tmp: str) -> None:
         dist.destroy_process_group()
 
 
-def _close(a, b, where: str) -> None:
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            _close(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{where}[{i}]")
-    elif isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b)), f"{where}: {a} vs {b}"
-    else:
-        assert a == b, f"{where}: {a} vs {b}"
+_close = assert_close_tree
 
 
 def test_two_processes_give_the_simulators_metrics_for_every_method(tmp_path):

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import signal
@@ -35,6 +34,7 @@ flwr = pytest.importorskip("flwr", reason="the Flower extra (flwr) is not instal
 from flwr.app import Context, Message, RecordDict  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 
+from _compare import assert_close_tree  # noqa: E402
 from fednorm.api import run  # noqa: E402
 from fednorm.config import ExperimentConfig  # noqa: E402
 from fednorm.engine.remote import host_of  # noqa: E402
@@ -73,19 +73,7 @@ def _metrics(history: list[dict], summary: dict) -> dict:
             "method_report": summary.get("method_report")}
 
 
-def _close(a, b, where: str) -> None:
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            _close(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{where}[{i}]")
-    elif isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b)), f"{where}: {a} vs {b}"
-    else:
-        assert a == b, f"{where}: {a} vs {b}"
+_close = assert_close_tree
 
 
 def _reference(cfg: ExperimentConfig, learns: bool = True) -> dict:
