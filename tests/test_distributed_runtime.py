@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,7 @@ def _worker(rank: int, world: int, tmp: str) -> None:
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
+    code = 1
     try:
         results = {}
         for case in CASES:
@@ -74,8 +76,17 @@ def _worker(rank: int, world: int, tmp: str) -> None:
         except Exception as exc:  # noqa: BLE001 - the type is what the test checks
             outcome = type(exc).__name__
         Path(tmp, f"diverge{rank}.txt").write_text(outcome)
+        dist.barrier()
+        code = 0
+    except BaseException:
+        traceback.print_exc()
     finally:
         dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip interpreter finalisation: gloo's worker threads can abort a process there
+        # ("terminate called without an active exception", see pytorch/pytorch#179291).
+        os._exit(code)
 
 
 _close = assert_close_tree

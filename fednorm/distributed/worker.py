@@ -81,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     factory = Runtime if hook is not None else DistributedSimulation
     rank = dist.get_rank()
+    code = 1
     try:
         code = run_command(args, simulation=factory, quiet=rank != 0, command="launch")
     except (FednormError, DatasetError, DivergenceError, RoundFailedError, CheckpointError) as exc:
@@ -100,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if dist.is_initialized():
             try:
+                if code == 0:
+                    dist.barrier()  # no rank tears down while another still talks to it
                 dist.destroy_process_group()
             except Exception:
                 pass
