@@ -388,11 +388,10 @@ def _cmd_flower_app(args: argparse.Namespace) -> int:
     """``fednorm flower-app DIR``: the experiment and a Flower app that runs it."""
     from ..methods import METHODS
 
+    from ..flower.appdir import check_round_based, write_app  # no flwr needed to write the app
+
     cfg = _config_from(args)
-    if getattr(METHODS.get_builder(cfg.method), "requires_lockstep", False):
-        raise ConfigError(f"method '{cfg.method}' synchronises its clients inside every local step, which Flower's "
-                          "round-based messages cannot do; use `fednorm launch` (torch.distributed) instead")
-    from ..flower.appdir import write_app  # no flwr needed to write the app
+    check_round_based(cfg.method, getattr(METHODS.get_builder(cfg.method), "requires_lockstep", False))
     args.dir.mkdir(parents=True, exist_ok=True)
     experiment = args.dir / "experiment.yaml"
     data = cfg.model_dump(mode="json")

@@ -30,29 +30,13 @@ import torch.distributed as dist
 
 from ..config import ExperimentConfig
 from ..data.federated import FederatedData
-from ..engine.bank import ClientStateBank
-from ..engine.remote import host_of, merge_updates
+from ..engine.remote import describe_error, host_of, merge_updates, rebuild_error
 from ..engine.simulator import RoundRecord, Simulation
-from ..errors import ConfigError, DivergenceError, InconsistentUpdateError, RoundFailedError
+from ..errors import ConfigError
 from ..methods.base import ClientUpdates
 from .comm import DistributedClientComm
 
 __all__ = ["DistributedSimulation", "init_distributed", "host_of"]
-
-# Errors a round may raise that every rank must see and raise the same way.
-_ROUND_ERRORS: dict[str, type[BaseException]] = {
-    "DivergenceError": DivergenceError,
-    "RoundFailedError": RoundFailedError,
-    "InconsistentUpdateError": InconsistentUpdateError,
-    "ConfigError": ConfigError,
-}
-
-
-def _describe(exc: BaseException) -> tuple[str, str]:
-    """An exception as (type name, message) for a broadcast; unknown types keep their name in the text."""
-    name = type(exc).__name__
-    return (name, str(exc)) if name in _ROUND_ERRORS else (name, f"{name}: {exc}")
-
 
 def _moved(obj: Any, device: Any) -> Any:
     """``obj`` (tensors in dicts, lists, ClientUpdates) on ``device``. Object collectives pickle
@@ -129,19 +113,19 @@ class DistributedSimulation(Simulation):
         except Exception as exc:
             if not self.is_main:
                 raise
-            outcome = {"error": _describe(exc)}
+            outcome = {"error": describe_error(exc)}
         if self.is_main and not outcome:
             try:
                 record = self.server_update(plan, updates)
                 outcome = {"record": record, "server": self._server_state()}
             except Exception as exc:  # every rank must hear of it, or the others wait for a broadcast
-                outcome = {"error": _describe(exc)}
+                outcome = {"error": describe_error(exc)}
         box = [outcome]
         dist.broadcast_object_list(box, src=0)
         outcome = box[0]
         if "error" in outcome:
             name, message = outcome["error"]
-            raise _ROUND_ERRORS.get(name, RuntimeError)(message)
+            raise rebuild_error(name, message)
         if not self.is_main:
             self._load_server_state(outcome["server"])
         record = outcome["record"]
@@ -168,7 +152,7 @@ class DistributedSimulation(Simulation):
                 payload["updates"] = _moved(self.executor.run_round(server_round, mine, self.global_state, lr), "cpu")
                 payload["seen"] = self.executor.last_samples_seen
         except Exception as exc:  # reported through the server and raised on every rank, never a lone exit
-            name, message = _describe(exc)
+            name, message = describe_error(exc)
             payload["error"] = (name, f"rank {self.rank}: {message}")
         gathered: list[Any] | None = [None] * self.world_size if self.is_main else None
         dist.gather_object(payload, gathered, dst=0)
@@ -178,7 +162,7 @@ class DistributedSimulation(Simulation):
         errors = [p["error"] for p in gathered if "error" in p]
         if errors:
             name, message = errors[0]
-            raise _ROUND_ERRORS.get(name, RuntimeError)(message)
+            raise rebuild_error(name, message)
         self._last_samples_seen = sum(p["seen"] for p in gathered)
         return _moved(merge_updates([p["updates"] for p in gathered], client_ids), self.device)
 
@@ -229,8 +213,8 @@ class DistributedSimulation(Simulation):
         return bool(flag.item())
 
     # -- whole-run state ----------------------------------------------------------------------
-    def _full_bank(self) -> dict[int, dict[str, torch.Tensor]]:
-        """Every client's local state, collected from the ranks that host them."""
+    def collect_bank(self) -> dict[int, dict[str, torch.Tensor]]:
+        """Every client's local state, gathered from the ranks that host them (a collective)."""
         own = {cid: _moved(s, "cpu") for cid, s in self.bank.state_dict().items() if host_of(cid, self.world_size) == self.rank}
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, own)
@@ -239,24 +223,8 @@ class DistributedSimulation(Simulation):
             full.update(part)
         return full
 
-    def state_dict(self) -> dict[str, Any]:
-        """The in-process simulator's checkpoint (a collective: the bank comes from every rank),
-        so a distributed run resumes in-process and the other way round."""
-        full = self._full_bank()
-        state = super().state_dict()
-        state["bank"] = {cid: {k: v.cpu() for k, v in s.items()} for cid, s in full.items()}
-        return state
-
     def summary(self) -> dict[str, Any]:
-        """As the simulator's, with every client's local state at hand (HBN reports alpha)."""
-        full = self._full_bank()
-        own = self.bank
-        self.bank = ClientStateBank(self.device)
-        self.bank.load_state_dict(full)
-        try:
-            out = super().summary()
-        finally:
-            self.bank = own
+        out = super().summary()
         out["world_size"] = self.world_size
         out["runtime"] = f"torch.distributed ({dist.get_backend()}, {self.world_size} processes)"
         return out

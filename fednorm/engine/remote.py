@@ -4,9 +4,27 @@ from __future__ import annotations
 
 import torch
 
+from .. import errors
 from ..methods.base import ClientUpdates
 
-__all__ = ["merge_updates", "host_of"]
+__all__ = ["merge_updates", "host_of", "describe_error", "rebuild_error"]
+
+# Errors a remote client or server step may raise that the whole run must raise the same way.
+_RAISED_AS_IS = (errors.FednormError, errors.DivergenceError, errors.RoundFailedError, errors.DatasetError)
+
+
+def describe_error(exc: BaseException) -> tuple[str, str]:
+    """An exception as (class name, message), to send to the other processes."""
+    name = type(exc).__name__
+    return (name, str(exc)) if isinstance(exc, _RAISED_AS_IS) else (name, f"{name}: {exc}")
+
+
+def rebuild_error(name: str, message: str) -> BaseException:
+    """The exception :func:`describe_error` described: fednorm's own class, else a RuntimeError."""
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, _RAISED_AS_IS):
+        return cls(message)
+    return RuntimeError(message)
 
 
 def host_of(client_id: int, num_hosts: int) -> int:

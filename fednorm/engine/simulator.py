@@ -385,6 +385,11 @@ class Simulation:
             self.history.append(record.metrics)
 
     # -- checkpointing ----------------------------------------------------------------------
+    def collect_bank(self) -> dict[int, dict[str, torch.Tensor]]:
+        """Every client's local state, wherever the clients live (checkpoints, reports). Here the
+        bank itself; remote runtimes fetch it from the ranks or nodes that host the clients."""
+        return self.bank.state_dict()
+
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue bit for bit (see :mod:`fednorm.engine.checkpoint`).
 
@@ -394,7 +399,7 @@ class Simulation:
             "server_round": self.server_round,
             "config": self.config.model_dump(mode="json"),
             "global_state": {k: v.detach().cpu().clone() for k, v in self.global_state.items()},
-            "bank": {cid: {k: v.cpu() for k, v in s.items()} for cid, s in self.bank.state_dict().items()},
+            "bank": {cid: {k: v.cpu() for k, v in s.items()} for cid, s in sorted(self.collect_bank().items())},
             "method_state": self.method.state_dict(),
             "counters": {
                 "uplink_bytes": self.uplink_bytes,

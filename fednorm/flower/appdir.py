@@ -11,9 +11,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["write_app", "FLWR_VERSION"]
+__all__ = ["write_app", "check_round_based", "FLWR_VERSION"]
 
 FLWR_VERSION = "1.41.0"
+
+
+def check_round_based(method_name: str, requires_lockstep: bool) -> None:
+    """Refuse lockstep methods (FedTAN): they synchronise clients inside every local step, which
+    Flower's round-based messages cannot carry."""
+    from ..errors import ConfigError
+
+    if requires_lockstep:
+        raise ConfigError(
+            f"method '{method_name}' synchronises its clients inside every local step, which Flower's "
+            "round-based messages cannot do; run it in-process (`fednorm run`) or over torch.distributed "
+            "(`fednorm launch` / torchrun)"
+        )
 
 
 def _toml_str(value: str) -> str:

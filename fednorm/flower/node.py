@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from ..config import ExperimentConfig
-from ..engine.remote import host_of
+from ..engine.remote import describe_error, host_of
 from ..engine.simulator import Simulation
 from ..errors import ConfigError, DivergenceError, FednormError, RoundFailedError
 from . import protocol
@@ -112,6 +111,7 @@ def handle(message_type: str, content: RecordDict, state: RecordDict, node_confi
         state[BANK_KEY] = bank_to_record({c: s for c, s in sim.bank.state_dict().items() if host_of(c, num) == pid})
     except (FednormError, DivergenceError, RoundFailedError) as exc:  # raised the same way on the server
         where = "a SuperNode" if pid is None else f"the SuperNode with partition-id {pid}"
-        meta.update({"error-type": type(exc).__name__, "error": f"{where}: {exc}"})
+        name, message = describe_error(exc)
+        meta.update({"error-type": name, "error": f"{where}: {message}"})
     reply["fednorm"] = ConfigRecord(meta)
     return reply

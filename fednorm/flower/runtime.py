@@ -25,29 +25,22 @@ import time
 from typing import Any, Callable
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from ..config import ExperimentConfig
 from ..data.federated import FederatedData
 from ..engine.bank import ClientStateBank
-from ..engine.remote import host_of, merge_updates
+from ..engine.remote import host_of, merge_updates, rebuild_error
 from ..engine.simulator import Simulation
-from .. import errors
-from ..errors import ConfigError, DivergenceError, RoundFailedError
+from ..errors import ConfigError, RoundFailedError
 from ..methods.base import ClientUpdates
 from . import protocol
+from .appdir import check_round_based
 from .records import bank_to_record, pack_tree, record_to_bank, record_to_updates, tensors_to_record
 
 __all__ = ["FlowerSimulation", "wait_for_nodes", "send_and_receive", "simulation_factory"]
 
-
-
-def _error(name: str, message: str) -> BaseException:
-    """A node's fednorm error (by class name), to raise on the server as in-process."""
-    cls = getattr(errors, name, None)
-    ok = isinstance(cls, type) and issubclass(cls, (errors.FednormError, DivergenceError, RoundFailedError))
-    return cls(message) if ok else RuntimeError(f"{name}: {message}")
 
 
 def wait_for_nodes(grid: Grid, num_nodes: int, timeout: float) -> list[int]:
@@ -96,12 +89,7 @@ class FlowerSimulation(Simulation):
     def __init__(self, config: ExperimentConfig, data: FederatedData | None = None, *, grid: Grid,
                  nodes: list[int], timeout: float = 600.0) -> None:
         super().__init__(config, data)
-        if self.method.requires_lockstep:
-            raise ConfigError(
-                f"method '{config.method}' synchronises its clients inside every local step, which Flower's "
-                "round-based messages cannot do; run it in-process (`fednorm run`) or over torch.distributed "
-                "(`fednorm launch` / torchrun)"
-            )
+        check_round_based(config.method, self.method.requires_lockstep)
         self.grid = grid
         self.nodes = list(nodes)
         self.timeout = timeout
@@ -146,7 +134,7 @@ class FlowerSimulation(Simulation):
                 continue
             head = reply.content["fednorm"]
             if "error-type" in head:
-                raise _error(str(head["error-type"]), str(head["error"]))
+                raise rebuild_error(str(head["error-type"]), str(head["error"]))
             got[node] = reply.content
         for node in self.nodes:
             if node not in got and node not in failed:
@@ -234,13 +222,6 @@ class FlowerSimulation(Simulation):
             self._gathered = (self.server_round, bank)
         return self._gathered[1]
 
-    def state_dict(self) -> dict[str, Any]:
-        """The in-process simulator's checkpoint, with the bank collected from the nodes, so a
-        Flower run resumes in-process, over torch.distributed or on Flower, and the other way."""
-        state = super().state_dict()
-        state["bank"] = {c: {k: v.cpu() for k, v in s.items()} for c, s in sorted(self.collect_bank().items())}
-        return state
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self._push_bank = {int(c): dict(s) for c, s in state["bank"].items()} or None
@@ -248,14 +229,7 @@ class FlowerSimulation(Simulation):
         self.bank = ClientStateBank(self.device)
 
     def summary(self) -> dict[str, Any]:
-        """As the simulator's, with every client's local state at hand (HBN reports alpha)."""
-        own = self.bank
-        self.bank = ClientStateBank(self.device)
-        self.bank.load_state_dict(self.collect_bank())
-        try:
-            out = super().summary()
-        finally:
-            self.bank = own
+        out = super().summary()
         out["runtime"] = f"Flower ({len(self.nodes)} SuperNodes)"
         out["flower_exchanges"] = self.exchanges
         return out

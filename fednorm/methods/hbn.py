@@ -285,9 +285,10 @@ class HBN(FedAvg):
         """Learned mixing per layer (the paper never reports it): the batch-statistics weight
         ``sigmoid(-alpha)`` averaged over channels, as mean/min/max over the clients that trained."""
         out: dict[str, Any] = {}
+        bank = sim.collect_bank()
         for name in self.layers:
             key = f"{name}.alpha" if self.alpha_mode == "local" else f"{OWN_ALPHA}{name}.alpha"
-            weights = [torch.sigmoid(-sim.bank.get(c)[key]).mean().item() for c in sim.bank if key in (sim.bank.get(c) or {})]
+            weights = [torch.sigmoid(-bank[c][key]).mean().item() for c in sorted(bank) if key in bank[c]]
             if weights:
                 out[name] = {
                     "batch_weight_mean": sum(weights) / len(weights),
