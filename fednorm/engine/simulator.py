@@ -254,6 +254,10 @@ class Simulation:
     def begin_round(self) -> "RoundPlan":
         """Sample the round's clients, let the method configure the round, draw simulated faults."""
         server_round = self.server_round + 1
+        if server_round == 1:  # the method's exchange before round 1, if it has one
+            start = self.method.initial_state(self)
+            if start is not None:
+                self.global_state = start
         clients = self.sample_clients(server_round)
         self.method.configure_round(server_round, clients)
         faults = self._fault_plan(server_round, clients)

@@ -253,6 +253,12 @@ class Method:
         under the new weights here, as its paper evaluates."""
         return sim.global_state
 
+    def initial_state(self, sim: Any) -> dict[str, torch.Tensor] | None:
+        """An exchange before round 1 (e.g. HBN's and FBN's statistics pass under the initial
+        weights): the global state to start round 1 from, or ``None`` to start from the
+        initialisation (default). It may query clients (``sim.query_clients``)."""
+        return None
+
     def final_state(self, sim: Any) -> dict[str, torch.Tensor] | None:
         """A last exchange after training (HBN's statistics-only round T+1): the global state to
         deploy, or ``None`` when the trained state is final (default)."""

@@ -94,7 +94,8 @@ class HBN(FedAvg):
         stats_max_samples: int | None = None,
         upload: Literal["local", "hybrid"] | None = None,
         alpha_mode: Literal["local", "global_init"] | None = None,
-        stats_init: Literal["zeros_ones", "first_round"] | None = None,
+        stats_init: Literal["zeros_ones", "first_round", "debiased"] | None = None,
+        initial_pass: bool | None = None,
         stats_batch_size: int = 512,
         eval_resync: bool = True,
         final_sync: bool = True,
@@ -115,7 +116,7 @@ class HBN(FedAvg):
             raise ConfigError(f"stats_momentum (lambda, Eq. 11) must be in (0, 1], got {stats_momentum!r}")
         choices = {"stats_mode": (stats_mode, ("train", "eval")), "stats_samples": (stats_samples, ("all", "random", "first")),
                    "upload": (upload, ("local", "hybrid")), "alpha_mode": (alpha_mode, ("local", "global_init")),
-                   "stats_init": (stats_init, ("zeros_ones", "first_round"))}
+                   "stats_init": (stats_init, ("zeros_ones", "first_round", "debiased"))}
         for arg, (value, valid) in choices.items():
             if value not in valid:
                 raise ConfigError(f"Unknown value '{value}' for argument {arg}. Valid values are {{{', '.join(valid)}}}")
@@ -131,12 +132,14 @@ class HBN(FedAvg):
         self.upload = upload
         self.alpha_mode = alpha_mode
         self.stats_init = stats_init
+        self.initial_pass = bool(base.get("initial_pass", False) if initial_pass is None else initial_pass)
         self.stats_batch_size = stats_batch_size
         self.eval_resync = eval_resync
         self.final_sync = final_sync
         self.layers: list[str] = []
         self._last_round_clients: list[int] = []
         self._initialised = False
+        self._pools = 0  # pooled statistics applied so far (the debiased EMA's t)
 
     # -- model policy -----------------------------------------------------------------------
     def setup(self, model: nn.Module) -> None:
@@ -240,10 +243,9 @@ class HBN(FedAvg):
         self, server_round: int, global_state: dict[str, torch.Tensor], updates: ClientUpdates
     ) -> dict[str, torch.Tensor]:
         new = super().aggregate(server_round, global_state, updates)
-        lam = self.stats_momentum
-        if self.stats_init == "first_round" and not self._initialised:
-            lam = 1.0  # the first pool replaces the (0, 1) initialisation outright
+        lam = self.effective_momentum(self._pools + 1)
         self._initialised = True
+        self._pools += 1
         for name in self.layers:
             pooled = self.pooled(updates.extras, name)
             if pooled is None:
@@ -252,6 +254,22 @@ class HBN(FedAvg):
                 old = global_state[f"{name}.{key}"]
                 new[f"{name}.{key}"] = ((1 - lam) * old.double() + lam * value).to(old.dtype)  # Eq. 11
         return new
+
+    def effective_momentum(self, t: int) -> float:
+        """lambda of Eq. 11 for the t-th pooled update (t = 1, 2, ...), by ``stats_init``.
+
+        ``zeros_ones``: lambda throughout (the EMA starts from (0, 1)). ``first_round``: 1 at t = 1,
+        then lambda. ``debiased``: ``lambda / (1 − (1 − lambda)^t)``, Adam's bias correction of an
+        EMA started at zero, written as a schedule: the result is the EMA of the pools alone,
+        normalised by the weight they carry, so the (0, 1) start never enters (1 at t = 1, about
+        1/t while t ≪ 1/lambda, lambda in the long run).
+        """
+        lam = self.stats_momentum
+        if self.stats_init == "first_round":
+            return 1.0 if t == 1 else lam
+        if self.stats_init == "debiased":
+            return lam / (1.0 - (1.0 - lam) ** t)
+        return lam
 
     # -- evaluation -------------------------------------------------------------------------
     def synced_state(self, sim: "Simulation", client_ids: list[int]) -> dict[str, torch.Tensor]:
@@ -274,6 +292,16 @@ class HBN(FedAvg):
         if not self.eval_resync or not self._last_round_clients:
             return sim.global_state
         return self.synced_state(sim, self._last_round_clients)
+
+    def initial_state(self, sim: "Simulation") -> dict[str, torch.Tensor] | None:
+        """``initial_pass``: a statistics-only exchange before round 1 (the mirror of round T+1),
+        whose pool replaces the (0, 1) start, so round 1 already trains with the statistics of the
+        initial weights instead of mixing in (0, 1). Counts as the schedule's first pool."""
+        if not self.initial_pass or self._pools:
+            return None
+        self._pools = 1
+        self._initialised = True
+        return self.synced_state(sim, sim.sample_clients(0))
 
     def final_state(self, sim: "Simulation") -> dict[str, torch.Tensor] | None:
         """Algorithm 1's round T+1: statistics only, from a fresh sample of clients, weights unchanged."""
@@ -299,10 +327,11 @@ class HBN(FedAvg):
         return {"hbn_batch_weight": out}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"initialised": self._initialised, "last_round_clients": list(self._last_round_clients)}
+        return {"initialised": self._initialised, "pools": self._pools, "last_round_clients": list(self._last_round_clients)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._initialised = bool(state.get("initialised", False))
+        self._pools = int(state.get("pools", int(self._initialised)))
         self._last_round_clients = list(state.get("last_round_clients", []))
 
     def hparams(self) -> dict[str, Any]:
@@ -315,6 +344,7 @@ class HBN(FedAvg):
             "upload": self.upload,
             "alpha_mode": self.alpha_mode,
             "stats_init": self.stats_init,
+            "initial_pass": self.initial_pass,
             "final_sync": self.final_sync,
             "eval_resync": self.eval_resync,
             "weighting": self.weighting,

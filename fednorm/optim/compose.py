@@ -114,6 +114,9 @@ class OptimizedMethod(Method):
     def statistics_keys(self) -> dict[str, list[str]]:
         return self.inner.statistics_keys()
 
+    def initial_state(self, sim: Any) -> dict[str, torch.Tensor] | None:
+        return self.inner.initial_state(sim)
+
     def final_state(self, sim: Any) -> dict[str, torch.Tensor] | None:
         return self.inner.final_state(sim)
 
