@@ -16,6 +16,12 @@ federation as benchmarks/optimizers.py does: a class-balanced CIFAR-10 subset
 Table 2 in the paper is CIFAR-100; only CIFAR-10 is available offline, so the sweep runs on it.
 FixBN switches at half the rounds; FBN runs its ``literal`` mode (clients take different numbers
 of local steps in epoch mode, which the ``exact`` replay does not allow).
+
+FN is placed as in the HBN paper's FedFN row: no norm in the conv blocks and FN
+(``sqrt(d)·z/‖z‖``) on the flattened 64×4×4 = 1024-d conv map, before the first FC layer
+(paper App. Table 7, "we normalise the input before the fully connected layer"; code
+``SimpleCNN(fn=True)``). ``fn_head`` is the LN paper's placement (``norm="fn"``: FN on the 128-d
+output of that FC layer, before the head), which this script used for ``fn`` before.
 """
 
 from __future__ import annotations
@@ -53,7 +59,10 @@ def variant(name: str, rounds: int) -> dict:
         "bn": dict(norm="bn", method="fedavg"),
         "gn": dict(norm="gn", method="fedavg"),
         "ln": dict(norm="ln", method="fedavg"),
-        "fn": dict(norm="fn", method="fedavg"),
+        # HBN's FedFN: FN on the flattened 1024-d conv map, before fc (its Table 7, code SimpleCNN(fn=True))
+        "fn": dict(norm="none", method="fedavg", model_args={"fn_before_fc": True}),
+        # the LN paper's FedFN placement: FN on the 128-d penultimate features, before the head
+        "fn_head": dict(norm="fn", method="fedavg"),
         "fixbn": dict(norm="bn", method="fixbn", method_args={"switch_round": max(1, rounds // 2)}),
         "fbn": dict(norm="fbn", method="fbn", method_args={"mode": "literal"}),
         "hbn": dict(norm="hbn", method="hbn"),
@@ -97,7 +106,8 @@ def main() -> None:
             except Exception as exc:  # a diverged variant is a result
                 status = f"{type(exc).__name__}: {str(exc)[:120]}"
             accs = [h["test_accuracy"] for h in sim.history]
-            res = {"norm": name, "batch_size": bsz, "method_args": var.get("method_args", {}), "status": status, "curve": accs,
+            res = {"norm": name, "batch_size": bsz, "method_args": var.get("method_args", {}),
+                   "model_args": var.get("model_args", {}), "status": status, "curve": accs,
                    "final_accuracy": accs[-1] if accs else None,
                    "last3_mean_accuracy": float(np.mean(accs[-3:])) if accs else None,
                    "cpu_seconds": time.process_time() - cpu, "executor": sim.executor.name,
@@ -117,6 +127,8 @@ def main() -> None:
     table = "| B | norm | final (last-3 mean) % | paper % |\n|---|---|---|---|\n" + "\n".join(lines)
     print(table)
     write_result(out, {"benchmark": f"HBN Table {args.table} at CPU scale", "phi": args.phi, "results": results,
+                       "fn_placement": "fn: the flattened 1024-d conv map before fc (HBN paper's FedFN); "
+                                       "fn_head: the 128-d features before the head (LN paper's)",
                        "table_markdown": table, "setting": {k: v for k, v in base.items() if k != "data_dir"},
                        "machine": machine(), "command": " ".join(["python", "benchmarks/hbn_tables.py", *sys.argv[1:]])})
 

@@ -142,6 +142,7 @@ class Simulation:
         self.model.to(device=self.device, dtype=self.dtype)
         self.method: Method = build_method(config)  # the method, composed with client_opt / server_opt
         self.method.seed = config.seed
+        self.method.train_augmentation = info.crop_padding if self.data.augment else None
         self.method.setup(self.model)
         for module in self.model.modules():
             needed = getattr(module, "requires_method", None)
@@ -290,9 +291,10 @@ class Simulation:
                 "loss_sum": torch.tensor(res.loss * res.num_samples if res.num_samples else 0.0, dtype=torch.float64),
             }
         idx = data.client_train[client_id]
+        own = dict(self.bank.get(client_id) or {})  # a copy: a query reads the client's state, never writes it
         return self.method.client_query(
             query, ClientContext(self.server_round, client_id, model, data.train_x.index_select(0, idx),
-                                 data.train_y.index_select(0, idx), self.global_state, {})
+                                 data.train_y.index_select(0, idx), self.global_state, own)
         )
 
     def server_update(self, plan: "RoundPlan", updates: ClientUpdates | None) -> RoundRecord:

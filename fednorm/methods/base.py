@@ -145,6 +145,10 @@ class Method:
 
     name: ClassVar[str] = "base"
     seed: int = 0  # the experiment seed, set by the simulator, for method-side randomness
+    # Crop padding of the run's training augmentation (random crop + flip), None when it trains
+    # without one; set by the simulator, for methods that run their own passes over the
+    # training data and should see what training sees (HBN's reference-code statistics pass).
+    train_augmentation: int | None = None
     personalized: ClassVar[bool] = False
     requires_lockstep: ClassVar[bool] = False
 

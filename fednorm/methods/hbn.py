@@ -7,17 +7,24 @@ the within- plus between-client variance and Bessel's correction (Eq. 8), smooth
 with ``lambda`` (Eq. 11), and averages the weights (FedAvg, sample-count weights). The mixing
 logits ``alpha`` never leave their client (per-client state bank).
 
+Bessel's ``N − 1`` in Eq. 8 counts *samples* (``bessel_count="samples"``, the paper's N and the
+released code's ``running_num``), not the ``samples × H × W`` values a conv channel averages over;
+``bessel_count="elements"`` gives the latter (a relative variance difference of about
+``1/N − 1/(N·H·W)``, 0.16% with the code's 10 clients × 64 samples).
+
 Evaluation follows the paper (§4.1, spec §2.3): the round's clients recompute their statistics
 under the *new* global weights and these, pooled with lambda = 1, normalise the test set; so the
 statistics used at test time describe the evaluated weights rather than lagging one round.
 
 Two presets (spec §5): ``paper`` (the default: statistics from all local data, pure local
-statistics uploaded, lambda 0.01, alpha local) and ``reference-code`` (the released code's
-choices: statistics from the first 64 samples of the client's data in stored order, the hybrid
-statistics of that forward uploaded, lambda 0.002, alpha averaged into the global model, a
-client's own alpha kept after its first round). The code's ``sigmoid(+alpha)`` convention is a
-relabelling of the same parameter (alpha starts at 0 and the mix is symmetric), so training is
-identical; fednorm always reports the batch weight, which does not depend on the sign.
+statistics uploaded, lambda 0.01, alpha local, round T+1) and ``reference-code`` (the released
+code's choices: statistics from the client's first 64 samples in the code's class-sorted order,
+with the training augmentation, the hybrid statistics of that forward uploaded, lambda 0.002,
+alpha averaged into the global model, a client's own alpha kept after its first round and used in
+its re-syncs, no round T+1). docs/hbn.md lists what still differs from the code. The code's
+``sigmoid(+alpha)`` convention is a relabelling of the same parameter (alpha starts at 0 and the
+mix is symmetric), so training is identical; fednorm always reports the batch weight, which does
+not depend on the sign.
 
 The statistics-only round T+1 of Algorithm 1 runs after the last round (:meth:`HBN.final_state`):
 a fresh sample of clients computes statistics under the final weights; pooled (lambda = 1, so they
@@ -35,8 +42,8 @@ from torch import nn
 from ..errors import ConfigError
 from ..nn.functional import pooled_stats
 from ..nn.hbn import HybridBatchNorm, collect_hbn_statistics
-from ..engine.rng import torch_generator
 from ..nn.state import state_keys
+from ..rng import torch_generator
 from .base import ClientContext, ClientUpdates
 from .fedavg import FedAvg
 from .registry import register_method
@@ -59,10 +66,18 @@ class HBN(FedAvg):
             (paper: 0.01; the released code: 0.002; 1 = no smoothing).
         stats_mode: forward of earlier layers during the statistics pass: ``"train"`` (hybrid
             normalisation, as the code) or ``"eval"`` (global statistics only). (default: "train")
-        stats_samples: which local samples the statistics pass uses: ``"all"`` (paper), ``"random"``
-            (a seeded subset of ``stats_max_samples``, the paper's Sec. 5 variant) or ``"first"``
-            (the first ``stats_max_samples`` in stored order; the code's one unshuffled batch).
-        stats_max_samples: subset size for ``"random"``/``"first"`` (code: 64; Sec. 5: 128).
+        stats_samples: which local samples every statistics pass (round start, evaluation
+            re-sync, round T+1) uses: ``"all"`` (paper), ``"random"`` (a seeded subset of
+            ``stats_max_samples``, the paper's Sec. 5 variant), ``"first"`` (the first
+            ``stats_max_samples`` in stored, i.e. dataset-index, order) or ``"first_by_class"``
+            (the first ``stats_max_samples`` after a stable sort by label: the code's one
+            unshuffled batch, since its Dirichlet split lists a client's indices class by class).
+        stats_max_samples: subset size for the subsets (code: 64; Sec. 5: 128).
+        stats_augment: apply the run's training augmentation (random crop + flip, seeded per
+            round and client) to the statistics pass, as the code's statistics loader does; a
+            no-op when the run trains without augmentation.
+        bessel_count: the N of Eq. 8's ``N − 1``: ``"samples"`` (the paper's N and the code's)
+            or ``"elements"`` (samples × H × W, the number of values per conv channel).
         upload: ``"local"`` (pure local statistics, paper) or ``"hybrid"`` (the client's
             alpha-mixed statistics of the pass, the code).
         alpha_mode: ``"local"`` (alpha never leaves the client, paper) or ``"global_init"`` (alpha is
@@ -73,16 +88,19 @@ class HBN(FedAvg):
         stats_batch_size: chunk size of the statistics pass. (default: 512)
         eval_resync: recompute the statistics of the round's clients under the new weights
             before evaluating (the paper's protocol). (default: True)
-        final_sync: run the statistics-only round T+1 after training. (default: True)
+        final_sync: run the statistics-only round T+1 after training (paper: True; the code has
+            no such round: False).
         weighting: FedAvg weights. (default: "num_examples", as the code)
     """
 
     name = "hbn"
     PRESETS: dict[str, dict[str, Any]] = {
         "paper": dict(stats_momentum=0.01, stats_samples="all", stats_max_samples=None, upload="local",
-                      alpha_mode="local", stats_init="zeros_ones"),
-        "reference-code": dict(stats_momentum=0.002, stats_samples="first", stats_max_samples=64, upload="hybrid",
-                               alpha_mode="global_init", stats_init="zeros_ones"),
+                      alpha_mode="local", stats_init="zeros_ones",
+                      bessel_count="samples", stats_augment=False, final_sync=True),
+        "reference-code": dict(stats_momentum=0.002, stats_samples="first_by_class", stats_max_samples=64, upload="hybrid",
+                               alpha_mode="global_init", stats_init="zeros_ones",
+                               bessel_count="samples", stats_augment=True, final_sync=False),
     }
 
     def __init__(
@@ -90,15 +108,17 @@ class HBN(FedAvg):
         preset: Literal["paper", "reference-code"] = "paper",
         stats_momentum: float | None = None,
         stats_mode: Literal["train", "eval"] = "train",
-        stats_samples: Literal["all", "random", "first"] | None = None,
+        stats_samples: Literal["all", "random", "first", "first_by_class"] | None = None,
         stats_max_samples: int | None = None,
+        stats_augment: bool | None = None,
+        bessel_count: Literal["samples", "elements"] | None = None,
         upload: Literal["local", "hybrid"] | None = None,
         alpha_mode: Literal["local", "global_init"] | None = None,
         stats_init: Literal["zeros_ones", "first_round", "debiased"] | None = None,
         initial_pass: bool | None = None,
         stats_batch_size: int = 512,
         eval_resync: bool = True,
-        final_sync: bool = True,
+        final_sync: bool | None = None,
         weighting: Literal["num_examples", "uniform"] = "num_examples",
     ) -> None:
         super().__init__(weighting=weighting)
@@ -112,11 +132,16 @@ class HBN(FedAvg):
         upload = upload or base["upload"]
         alpha_mode = alpha_mode or base["alpha_mode"]
         stats_init = stats_init or base["stats_init"]
+        bessel_count = bessel_count or base["bessel_count"]
+        stats_augment = base["stats_augment"] if stats_augment is None else stats_augment
+        final_sync = base["final_sync"] if final_sync is None else final_sync
         if not (isinstance(stats_momentum, (int, float)) and 0 < stats_momentum <= 1):
             raise ConfigError(f"stats_momentum (lambda, Eq. 11) must be in (0, 1], got {stats_momentum!r}")
-        choices = {"stats_mode": (stats_mode, ("train", "eval")), "stats_samples": (stats_samples, ("all", "random", "first")),
+        choices = {"stats_mode": (stats_mode, ("train", "eval")),
+                   "stats_samples": (stats_samples, ("all", "random", "first", "first_by_class")),
                    "upload": (upload, ("local", "hybrid")), "alpha_mode": (alpha_mode, ("local", "global_init")),
-                   "stats_init": (stats_init, ("zeros_ones", "first_round", "debiased"))}
+                   "stats_init": (stats_init, ("zeros_ones", "first_round", "debiased")),
+                   "bessel_count": (bessel_count, ("samples", "elements"))}
         for arg, (value, valid) in choices.items():
             if value not in valid:
                 raise ConfigError(f"Unknown value '{value}' for argument {arg}. Valid values are {{{', '.join(valid)}}}")
@@ -132,10 +157,12 @@ class HBN(FedAvg):
         self.upload = upload
         self.alpha_mode = alpha_mode
         self.stats_init = stats_init
+        self.bessel_count = bessel_count
+        self.stats_augment = bool(stats_augment)
         self.initial_pass = bool(base.get("initial_pass", False) if initial_pass is None else initial_pass)
         self.stats_batch_size = stats_batch_size
         self.eval_resync = eval_resync
-        self.final_sync = final_sync
+        self.final_sync = bool(final_sync)
         self.layers: list[str] = []
         self._last_round_clients: list[int] = []
         self._initialised = False
@@ -157,19 +184,42 @@ class HBN(FedAvg):
         return self.alpha_keys(model) if self.alpha_mode == "local" else set()
 
     # -- client -----------------------------------------------------------------------------
-    def statistics_sample(self, x: torch.Tensor, server_round: int, client_id: int) -> torch.Tensor:
-        """The samples of the statistics pass (``stats_samples``)."""
+    def statistics_sample(
+        self, x: torch.Tensor, server_round: int, client_id: int, y: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The samples of the statistics pass (``stats_samples``); ``y`` orders ``first_by_class``."""
         m = self.stats_max_samples
         if self.stats_samples == "all" or m is None or len(x) <= m:
             return x
         if self.stats_samples == "first":
             return x[:m]
+        if self.stats_samples == "first_by_class":
+            if y is None:
+                raise ValueError("stats_samples='first_by_class' needs the labels y")
+            return x.index_select(0, torch.sort(y, stable=True).indices[:m].to(x.device))
         gen = torch_generator(getattr(self, "seed", 0), "hbn-statistics", server_round, client_id)
         return x.index_select(0, torch.randperm(len(x), generator=gen)[:m].to(x.device))
 
+    def statistics_input(self, ctx: ClientContext, phase: str) -> torch.Tensor:
+        """The statistics pass's input for one client: :meth:`statistics_sample`, then, with
+        ``stats_augment``, the run's training augmentation (seeded by ``phase``, round, client;
+        the code's statistics loader draws fresh crops and flips on every pass)."""
+        x = self.statistics_sample(ctx.x, ctx.server_round, ctx.client_id, ctx.y)
+        padding = self.train_augmentation
+        if self.stats_augment and padding is not None and x.dim() == 4:
+            from ..data.transforms import random_crop_flip  # the training loop's augmentation
+
+            gen = torch_generator(self.seed, "hbn-statistics-augment", phase, ctx.server_round, ctx.client_id,
+                                  device=x.device)
+            x = random_crop_flip(x, padding=padding, generator=gen)
+        return x
+
     def client_statistics(self, model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """Eq. 7: per HBN layer, exact (count, mean, biased var) of its input on ``x``; with
-        ``upload="hybrid"`` the alpha-mixed statistics the code uploads instead."""
+        ``upload="hybrid"`` the alpha-mixed statistics the code uploads instead. ``count`` is
+        what Eq. 8 weights by and takes Bessel's N from (``bessel_count``): ``len(x)`` for
+        ``"samples"``; the values per channel (samples × H × W) for ``"elements"``. Both give
+        the same pooled mean, since every client's count is scaled by the same H × W."""
         batches = list(x.split(self.stats_batch_size))
         if len(batches) > 1 and len(batches[-1]) < 2 and self.stats_mode == "train":
             batches[-2] = torch.cat(batches[-2:])  # a batch of one has no batch variance
@@ -185,23 +235,29 @@ class HBN(FedAvg):
                 w = layer.batch_weight.detach().to(mean.dtype)
                 mean = w * mean + (1 - w) * layer.global_mean.to(mean.dtype)
                 var = w * var + (1 - w) * layer.global_var.to(var.dtype)
-            out[f"hbn.{name}.count"] = s.count.reshape(())
+            count = s.count if self.bessel_count == "elements" else torch.tensor(float(len(x)), dtype=torch.float64)
+            out[f"hbn.{name}.count"] = count.reshape(()).to(device=mean.device)
             out[f"hbn.{name}.mean"] = mean
             out[f"hbn.{name}.var"] = var
         return out
 
+    def _load_own_alpha(self, ctx: ClientContext) -> None:
+        """``alpha_mode="global_init"``: the client's own alpha once it has one, as the code's
+        clients load theirs (``buffer_w``) before training and before every statistics pass."""
+        if self.alpha_mode != "global_init":
+            return
+        own = {k[len(OWN_ALPHA):]: v for k, v in ctx.local_state.items() if k.startswith(OWN_ALPHA)}
+        if own:
+            state = ctx.model.state_dict()
+            state.update(own)
+            ctx.model.load_state_dict(state)
+
     def client_begin(self, ctx: ClientContext) -> None:
-        if self.alpha_mode == "global_init":  # the client's own alpha once it has one (the code)
-            own = {k[len(OWN_ALPHA):]: v for k, v in ctx.local_state.items() if k.startswith(OWN_ALPHA)}
-            if own:
-                state = ctx.model.state_dict()
-                state.update(own)
-                ctx.model.load_state_dict(state)
+        self._load_own_alpha(ctx)
         if ctx.num_examples == 0:
             ctx.uploads.update(self._empty_statistics(ctx.model))
             return
-        x = self.statistics_sample(ctx.x, ctx.server_round, ctx.client_id)
-        ctx.uploads.update(self.client_statistics(ctx.model, x))
+        ctx.uploads.update(self.client_statistics(ctx.model, self.statistics_input(ctx, "round")))
 
     def client_end(self, ctx: ClientContext) -> None:
         if self.alpha_mode == "global_init":
@@ -219,20 +275,23 @@ class HBN(FedAvg):
         return out
 
     def client_query(self, query: str, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        """``"statistics"``: the client's exact statistics of all its training samples under the
-        model as it is (the evaluation re-sync and round T+1)."""
+        """``"statistics"``: the client's statistics pass under the model as it is (the evaluation
+        re-sync and round T+1), on the same samples as the round's pass (``stats_samples``) and
+        with its own alpha under ``global_init``, as the code's re-sync runs its statistics pass."""
         if query != "statistics":
             return super().client_query(query, ctx)
+        self._load_own_alpha(ctx)
         if ctx.num_examples == 0:
             return self._empty_statistics(ctx.model)
-        return self.client_statistics(ctx.model, ctx.x)
+        return self.client_statistics(ctx.model, self.statistics_input(ctx, "query"))
 
     # -- server -----------------------------------------------------------------------------
     def configure_round(self, server_round: int, client_ids: list[int]) -> None:
         self._last_round_clients = list(client_ids)
 
     def pooled(self, extras: dict[str, torch.Tensor], name: str) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Eq. 8: exact pooled mean and Bessel variance of one layer's input over the clients."""
+        """Eq. 8: pooled mean and Bessel variance of one layer's input over the clients, with the
+        uploaded counts as weights and N (``bessel_count``)."""
         count = extras[f"hbn.{name}.count"].reshape(-1)
         if float(count.sum()) < 2:
             return None
@@ -344,6 +403,8 @@ class HBN(FedAvg):
             "upload": self.upload,
             "alpha_mode": self.alpha_mode,
             "stats_init": self.stats_init,
+            "bessel_count": self.bessel_count,
+            "stats_augment": self.stats_augment,
             "initial_pass": self.initial_pass,
             "final_sync": self.final_sync,
             "eval_resync": self.eval_resync,

@@ -1,7 +1,11 @@
-"""HBN method: exact pooled statistics (Eq. 8), smoothing (Eq. 11), alpha stays local."""
+"""HBN method: exact pooled statistics (Eq. 8), smoothing (Eq. 11), alpha stays local, presets."""
 
 import copy
+import itertools
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,15 +36,60 @@ def _layer_inputs(model, x):
     return {n: v.transpose(0, 1).reshape(v.shape[1], -1).T for n, v in seen.items()}
 
 
-def test_pooled_statistics_equal_exact_statistics_of_the_downloaded_model_eq8():
-    sim = _sim(method_args={"stats_momentum": 1.0, "stats_mode": "eval"})
+def _layer_inputs_np(model, x):
+    """Inputs of every HBN layer of ``model`` (eval mode) on ``x``, as float64 numpy ``(N, C, ...)``."""
+    seen = {}
+    hooks = [m.register_forward_hook(lambda m, inp, out, n=n: seen.__setitem__(n, inp[0].detach().numpy().astype(np.float64)))
+             for n, m in model.named_modules() if isinstance(m, HybridBatchNorm)]
+    model.eval()
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+def _eq8_numpy(per_client, bessel_count):
+    """HBN Eq. 8 in numpy from each client's activations ``(n_k, C, H, W)``: weights N_k and
+    Bessel's N = Σ N_k, with N_k the samples or the values per channel (samples × H × W)."""
+    counts = np.array([a.shape[0] * (1 if bessel_count == "samples" else a[0, 0].size) for a in per_client], dtype=np.float64)
+    axes = (0, 2, 3)
+    means = np.stack([a.mean(axis=axes) for a in per_client])
+    variances = np.stack([a.var(axis=axes) for a in per_client])  # biased, Eq. 7
+    mu = (counts[:, None] * means).sum(0) / counts.sum()
+    var = (counts[:, None] * (variances + (means - mu) ** 2)).sum(0) / (counts.sum() - 1)
+    return mu, var
+
+
+@pytest.mark.parametrize("bessel_count", ["samples", "elements"])
+def test_pooled_statistics_follow_eq8_with_the_bessel_count(bessel_count):
+    """Eq. 8 over the round's clients (3 of 4), against numpy: the weights and N count samples
+    (paper and code) or the values per channel; the default is samples."""
+    sim = _sim(clients_per_round=3, method_args={"stats_momentum": 1.0, "stats_mode": "eval", "bessel_count": bessel_count})
     downloaded = copy.deepcopy(sim.model)
     downloaded.load_state_dict(sim.global_state)
-    sim.step()
-    feats = _layer_inputs(downloaded, sim.data.train_x)  # every client participates: the union is all data
-    for name, f in feats.items():
-        torch.testing.assert_close(sim.global_state[f"{name}.running_mean"], f.mean(0), rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(sim.global_state[f"{name}.running_var"], f.var(0, unbiased=True), rtol=1e-10, atol=1e-12)
+    record = sim.step()
+    assert len(record.client_ids) == 3
+    acts = [_layer_inputs_np(downloaded, sim.data.train_x[sim.data.client_train[c]]) for c in record.client_ids]
+    for name in sim.method.layers:
+        mu, var = _eq8_numpy([a[name] for a in acts], bessel_count)
+        np.testing.assert_allclose(sim.global_state[f"{name}.running_mean"].numpy(), mu, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(sim.global_state[f"{name}.running_var"].numpy(), var, rtol=1e-10, atol=1e-12)
+    assert _sim().method.bessel_count == "samples"
+
+
+def test_the_two_bessel_counts_differ_by_n_over_n_minus_one():
+    """The pooled variances of the two counts differ exactly by (N/(N−1)) / (NHW/(NHW−1)); on
+    the first layer (8×8 maps, all 1,438 digits) that is 1/1437 − 1/92031 ≈ 0.069%."""
+    a = _sim(method_args={"stats_momentum": 1.0, "stats_mode": "eval", "bessel_count": "samples"})
+    b = _sim(method_args={"stats_momentum": 1.0, "stats_mode": "eval", "bessel_count": "elements"})
+    a.step(), b.step()
+    name = a.method.layers[0]
+    n, hw = len(a.data.train_x), 8 * 8
+    ratio = a.global_state[f"{name}.running_var"] / b.global_state[f"{name}.running_var"]
+    torch.testing.assert_close(ratio, torch.full_like(ratio, (n / (n - 1)) / (n * hw / (n * hw - 1))), rtol=1e-12, atol=0)
+    torch.testing.assert_close(a.global_state[f"{name}.running_mean"], b.global_state[f"{name}.running_mean"],
+                               rtol=1e-12, atol=1e-14)
 
 
 def test_lambda_smooths_the_global_statistics_eq11():
@@ -98,17 +147,33 @@ def test_learned_mixing_is_reported_per_layer():
 
 
 def test_first_samples_statistics_equal_a_direct_computation_on_those_samples():
-    """stats_samples='first' (the code's one unshuffled batch): the uploaded statistics are exactly
-    those of the first m samples of the client's data under the downloaded weights."""
+    """stats_samples='first': the uploaded statistics are exactly those of the first m samples of
+    the client's data (in index order) under the downloaded weights."""
     sim = _sim(num_clients=1, partition="iid", method_args={"stats_momentum": 1.0, "stats_mode": "eval",
                                                              "stats_samples": "first", "stats_max_samples": 40})
     downloaded = copy.deepcopy(sim.model)
     downloaded.load_state_dict(sim.global_state)
     x = sim.data.train_x[sim.data.client_train[0][:40]]
     sim.step()
-    for name, f in _layer_inputs(downloaded, x).items():
-        torch.testing.assert_close(sim.global_state[f"{name}.running_mean"], f.mean(0), rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(sim.global_state[f"{name}.running_var"], f.var(0, unbiased=True), rtol=1e-10, atol=1e-12)
+    for name, a in _layer_inputs_np(downloaded, x).items():
+        mu, var = _eq8_numpy([a], "samples")
+        np.testing.assert_allclose(sim.global_state[f"{name}.running_mean"].numpy(), mu, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(sim.global_state[f"{name}.running_var"].numpy(), var, rtol=1e-10, atol=1e-12)
+
+
+def test_first_by_class_takes_the_code_order():
+    """stats_samples='first_by_class': the first m samples in (label, index) order, the order of
+    the code's Dirichlet split (each client's indices concatenated class by class)."""
+    from fednorm.methods.hbn import HBN
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 5, (50,), generator=g)
+    x = torch.arange(50, dtype=torch.float64).view(50, 1)  # row i holds its index
+    method = HBN(stats_samples="first_by_class", stats_max_samples=12)
+    picked = method.statistics_sample(x, 1, 0, y).view(-1).long().numpy()
+    expected = np.lexsort((np.arange(50), y.numpy()))[:12]
+    np.testing.assert_array_equal(picked, expected)
+    assert y[picked].tolist() == sorted(y.tolist())[:12]  # class-biased: the lowest labels only
 
 
 def test_random_subset_statistics_are_seeded_and_differ_from_all_data():
@@ -139,7 +204,9 @@ def test_reference_code_preset_averages_alpha_and_clients_keep_their_own():
     sim = _sim(clients_per_round=2, rounds=2, method_args={"preset": "reference-code"})
     m = sim.method
     assert (m.stats_momentum, m.stats_samples, m.stats_max_samples, m.upload, m.alpha_mode) == (
-        0.002, "first", 64, "hybrid", "global_init")
+        0.002, "first_by_class", 64, "hybrid", "global_init")
+    assert (m.bessel_count, m.stats_augment, m.final_sync) == ("samples", True, False)
+    assert m.final_state(sim) is None  # the code has no statistics-only round T+1
     alpha_keys = {k for k in sim.global_state if k.endswith("alpha")}
     assert alpha_keys <= set(m.shared_keys) and not m.local_keys
     record = sim.step()
@@ -178,3 +245,67 @@ def test_final_statistics_round_describes_the_final_weights(tmp_path):
     for name, f in _layer_inputs(model, sim.data.train_x).items():  # all 3 clients: the whole training set
         torch.testing.assert_close(final[f"{name}.running_mean"], f.mean(0), rtol=1e-10, atol=1e-12)
     assert 0 <= res.summary["final_sync"]["test_accuracy"] <= 1
+
+
+def test_resync_uses_the_same_samples_and_the_clients_own_alpha():
+    """Under global_init the evaluation re-sync runs the client's statistics pass with its *own*
+    alpha (the code's buffer_update loads buffer_w) on the round pass's samples (first 64 by class)."""
+    sim = _sim(clients_per_round=2, method_args={"preset": "reference-code", "stats_mode": "eval"})
+    record = sim.step()
+    cid = record.client_ids[0]
+    name = sim.method.layers[0]  # its input does not depend on alpha or on earlier statistics
+    own_alpha = sim.bank.get(cid)[f"hbn.own.{name}.alpha"]
+    assert not torch.allclose(own_alpha, sim.global_state[f"{name}.alpha"])  # else the test could not tell
+    answer = sim.query_clients([cid], "statistics")[cid]
+
+    idx = sim.data.client_train[cid].numpy()
+    first = idx[np.lexsort((idx, sim.data.train_y[idx].numpy()))[:64]]
+    model = copy.deepcopy(sim.model)
+    model.load_state_dict(sim.global_state)
+    local = _layer_inputs_np(model, sim.data.train_x[first])[name]
+    w = torch.sigmoid(-own_alpha).numpy()
+    mean = w * local.mean(axis=(0, 2, 3)) + (1 - w) * sim.global_state[f"{name}.running_mean"].numpy()
+    var = w * local.var(axis=(0, 2, 3)) + (1 - w) * sim.global_state[f"{name}.running_var"].numpy()
+    assert answer[f"hbn.{name}.count"].item() == 64
+    np.testing.assert_allclose(answer[f"hbn.{name}.mean"].numpy(), mean, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(answer[f"hbn.{name}.var"].numpy(), var, rtol=1e-10, atol=1e-12)
+
+
+def test_statistics_pass_sees_the_training_augmentation():
+    """stats_augment (reference-code): each statistics sample is a zero-padded random crop,
+    possibly mirrored, of the original, as the code's augmented statistics loader gives; without
+    augmentation in the run, or with stats_augment off, the pass sees the raw samples."""
+    sim = _sim(augment=True, method_args={"preset": "reference-code"})
+    assert sim.method.train_augmentation == sim.data.info.crop_padding
+    assert _sim().method.train_augmentation is None  # digits train without augmentation
+    from fednorm.methods.base import ClientContext
+
+    pad = 1
+    sim.method.train_augmentation = pad
+    x = sim.data.train_x[:64]
+    ctx = ClientContext(1, 0, sim.model, x, sim.data.train_y[:64], sim.global_state, {})
+    out = sim.method.statistics_input(ctx, "round")
+    assert out.shape == x.shape and not torch.equal(out, x)
+    assert torch.equal(out, sim.method.statistics_input(ctx, "round"))  # seeded per round and client
+    padded = torch.nn.functional.pad(x, (pad,) * 4)
+    h, w = x.shape[-2:]
+    for i in range(len(x)):
+        crops = [padded[i, :, r:r + h, c:c + w] for r, c in itertools.product(range(2 * pad + 1), repeat=2)]
+        assert any(torch.equal(out[i], cand) for crop in crops for cand in (crop, crop.flip(-1))), i
+    sim.method.stats_augment = False
+    assert torch.equal(sim.method.statistics_input(ctx, "round"), x)
+
+
+def test_methods_do_not_import_the_engine():
+    """HBN once imported fednorm.engine.rng, whose package imports the simulator, which imports
+    the methods: a circle. Importing the methods (the package root stubbed, since fednorm/__init__
+    imports the engine on purpose) must not load the simulator."""
+    code = (
+        "import importlib.util, sys, types; "
+        "root = importlib.util.find_spec('fednorm').submodule_search_locations; "  # does not run __init__
+        "pkg = types.ModuleType('fednorm'); pkg.__path__ = list(root); sys.modules['fednorm'] = pkg; "
+        "import fednorm.methods.hbn; "
+        "print(sorted(m for m in sys.modules if m.startswith('fednorm.engine')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", out

@@ -29,14 +29,18 @@ class SimpleCNN(ClassifierModel):
     FC layers and no dropout; convolutions keep their bias (torch default), as in HBN's code.
     On CIFAR (3×32×32) the flattened map is 64×4×4 = 1024; ``num_features`` is 128.
 
-    Note: HBN's FedFN baseline normalizes the 1024-d flattened map (before ``fc``), not the
-    128-d ``forward_features`` output; ``self.features`` exposes that tensor.
+    HBN's FedFN baseline normalizes the 1024-d flattened map, before ``fc`` (paper App. Table 7:
+    "we normalise the input before the fully connected layer"; code ``SimpleCNN(fn=True)``), not
+    the 128-d ``forward_features`` output that ``norm="fn"`` (the LN paper's FedFN) normalizes:
+    ``fn_before_fc=True`` with ``norm="none"`` builds HBN's FedFN net.
 
     Args:
         num_classes: number of logits.
         in_channels: input channels.
         input_size: input ``(H, W)`` or side length.
         norm_layer: norm specification, resolved by ``get_norm_layer`` (None = no norm).
+        fn_before_fc: append FN (``sqrt(d)·z / max(‖z‖, 1e-12)``, d = 64·h·w) to ``features``,
+            after the flatten (default: False). Parameter-free, so the state dict is unchanged.
     """
 
     def __init__(
@@ -46,6 +50,7 @@ class SimpleCNN(ClassifierModel):
         in_channels: int = 3,
         input_size: int | Sequence[int] = 32,
         norm_layer: NormSpec = "bn",
+        fn_before_fc: bool = False,
     ) -> None:
         super().__init__()
         validate_common(num_classes, in_channels)
@@ -57,7 +62,12 @@ class SimpleCNN(ClassifierModel):
             pool, hw = maybe_max_pool(hw)
             layers += [nn.Conv2d(channels, width, 3, 1, 1), norm_layer(width), nn.ReLU(inplace=True), pool]
             channels = width
-        self.features = nn.Sequential(*layers, nn.Flatten())
+        layers.append(nn.Flatten())
+        if fn_before_fc:
+            from ..nn.feature_norm import FeatureNorm  # imports fednorm.models: not at module level
+
+            layers.append(FeatureNorm(channels * hw[0] * hw[1]))
+        self.features = nn.Sequential(*layers)
         self.fc = nn.Sequential(nn.Linear(channels * hw[0] * hw[1], 128), nn.ReLU(inplace=True))
         self.num_features = 128
         self.num_classes = num_classes
@@ -254,9 +264,17 @@ class LNCNN(ClassifierModel):
 
 
 @register_model()
-def simple_cnn(*, num_classes: int = 10, in_channels: int = 3, input_size: int | Sequence[int] = 32, norm_layer: NormSpec = "bn") -> SimpleCNN:
+def simple_cnn(
+    *,
+    num_classes: int = 10,
+    in_channels: int = 3,
+    input_size: int | Sequence[int] = 32,
+    norm_layer: NormSpec = "bn",
+    fn_before_fc: bool = False,
+) -> SimpleCNN:
     """HBN's Simple-CNN (spec/000_hbn.md §2.2); see :class:`SimpleCNN`."""
-    return SimpleCNN(num_classes=num_classes, in_channels=in_channels, input_size=input_size, norm_layer=norm_layer)
+    return SimpleCNN(num_classes=num_classes, in_channels=in_channels, input_size=input_size, norm_layer=norm_layer,
+                     fn_before_fc=fn_before_fc)
 
 
 @register_model()

@@ -160,6 +160,22 @@ def test_flatten_sizes_follow_the_specs(name: str, in_channels: int, input_size:
     assert model.fc[0].in_features == flat
 
 
+def test_simple_cnn_fn_before_fc_is_hbn_fedfn() -> None:
+    """HBN's FedFN (code ``SimpleCNN(fn=True)``): no body norm, the flattened 1024-d conv map
+    scaled to norm sqrt(1024) = 32 before ``fc``; same state dict as the plain net."""
+    torch.manual_seed(0)
+    plain = get_model("simple_cnn", norm="none")
+    fn = get_model("simple_cnn", norm="none", fn_before_fc=True)
+    assert fn.state_dict().keys() == plain.state_dict().keys()
+    fn.load_state_dict(plain.state_dict())
+    x = torch.randn(5, 3, 32, 32, dtype=torch.float64)
+    plain.double(), fn.double()
+    z = plain.features(x)  # (5, 1024), the code's ``features`` before F.normalize
+    expected = plain.head(plain.fc(z / z.norm(dim=1, keepdim=True) * 32.0))
+    torch.testing.assert_close(fn(x), expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fn.features(x).norm(dim=1), torch.full((5,), 32.0, dtype=torch.float64))
+
+
 def test_ln_cnn_is_bias_free_by_default_and_has_bias_option() -> None:
     model = get_model("ln_cnn", norm="none")
     assert all(m.bias is None for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear)))

@@ -257,8 +257,10 @@ def create_hybrid_batch_norm(
 class HBNStats(NamedTuple):
     """Exact per-channel statistics of an HBN layer's input on one client (float64).
 
-    ``count`` is the number of values per channel (samples × H × W), so that
-    :func:`fednorm.nn.functional.pooled_stats` pools exactly; ``var`` is biased (1/count, Eq. 7).
+    ``count`` is the number of values per channel (samples × H × W), the weight under which
+    :func:`fednorm.nn.functional.pooled_stats` pools means and biased variances exactly; ``var``
+    is biased (1/count, Eq. 7). Eq. 8's Bessel ``N − 1`` counts samples, not values (see
+    :func:`collect_hbn_statistics`).
     """
 
     count: torch.Tensor
@@ -346,8 +348,10 @@ def collect_hbn_statistics(
 
     Returns:
         ``{module_name: HBNStats(count, mean, var)}`` in float64; ``count`` is the number of
-        values per channel (samples × H × W). [code≠paper] Eq. 8's Bessel ``N − 1`` counts samples
-        in the code (§5 row 6); divide ``count`` by H×W for that variant (negligible difference).
+        values per channel (samples × H × W). Eq. 8's Bessel ``N − 1`` counts *samples* in the
+        paper and in the released code alike (spec §5 row 6), so pool with the sample count for
+        Eq. 8 (what :class:`fednorm.methods.HBN` uploads by default, ``bessel_count="samples"``);
+        pooling with ``count`` divides by ``N·H·W − 1`` instead (``bessel_count="elements"``).
 
     Raises:
         ValueError: if ``batches`` is empty or some HBN layer received no input.

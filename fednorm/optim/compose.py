@@ -144,6 +144,14 @@ class OptimizedMethod(Method):
     def seed(self, value: int) -> None:
         self.inner.seed = value
 
+    @property
+    def train_augmentation(self) -> int | None:  # type: ignore[override]
+        return self.inner.train_augmentation
+
+    @train_augmentation.setter
+    def train_augmentation(self, value: int | None) -> None:
+        self.inner.train_augmentation = value
+
     # -- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
