@@ -14,7 +14,7 @@ from torch import nn
 
 from ..data.federated import FederatedData
 from ..errors import DivergenceError, InconsistentUpdateError
-from ..methods.base import ClientContext, ClientUpdates, Method
+from ..methods.base import ClientContext, ClientUpdates, Method, stack_rows
 from .bank import ClientStateBank
 from .local import LocalSpec, batch_plan, train_local
 from .rng import derive_seed, torch_generator
@@ -164,7 +164,4 @@ def stack_uploads(uploads: list[dict[str, torch.Tensor]], client_ids: list[int])
     for cid, up in zip(client_ids, uploads):
         if set(up) != keys:
             raise InconsistentUpdateError(f"client {cid} uploaded {sorted(up)}, expected {sorted(keys)}")
-    try:
-        return {key: torch.stack([up[key].detach() for up in uploads]) for key in sorted(keys)}
-    except RuntimeError as exc:
-        raise InconsistentUpdateError(f"clients uploaded tensors of different shapes: {exc}") from None
+    return {key: stack_rows([up[key].detach() for up in uploads]) for key in sorted(keys)}

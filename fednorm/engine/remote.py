@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import errors
-from ..methods.base import ClientUpdates
+from ..methods.base import ClientUpdates, stack_rows
 
 __all__ = ["merge_updates", "host_of", "describe_error", "rebuild_error"]
 
@@ -62,7 +62,7 @@ def merge_updates(parts: list[ClientUpdates | None], order: list[int]) -> Client
         num_examples=stack(lambda p: p.num_examples),
         train_loss=stack(lambda p: p.train_loss),
         num_steps=stack(lambda p: p.num_steps),
-        extras={k: stack(lambda p, k=k: p.extras[k]) for k in first.extras},
+        extras={k: stack_rows([rows[c][0].extras[k][rows[c][1]] for c in ids]) for k in first.extras},
         failures=failures,
         seconds=stack(lambda p: p.seconds) if timed else None,
     )

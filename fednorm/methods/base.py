@@ -18,7 +18,7 @@ from torch import nn
 from ..errors import InconsistentUpdateError
 from ..nn.state import state_keys
 
-__all__ = ["ClientContext", "ClientUpdates", "Method", "weighted_average"]
+__all__ = ["ClientContext", "ClientUpdates", "Method", "stack_rows", "weighted_average"]
 
 
 @dataclass
@@ -36,7 +36,10 @@ class ClientContext:
             round together with the model's local tensors). Method-specific entries use a
             ``"<method>."`` key prefix.
         uploads: tensors sent to the server besides the shared weights (e.g. statistics);
-            every client of a round must upload the same keys and shapes.
+            every client of a round must upload the same keys and shapes, except that a
+            per-step upload may differ in its leading dimension (clients take different numbers
+            of local steps): :func:`stack_rows` zero-pads it to the longest, so the method must
+            read an all-zero row as "no such step" (e.g. a zero count).
         lr: this round's learning rate.
     """
 
@@ -113,6 +116,21 @@ class ClientUpdates:
                     f"client update '{key}' has shape {tuple(got.shape)} and dtype {got.dtype}, "
                     f"expected {(k, *ref.shape)} and {ref.dtype}"
                 )
+
+
+def stack_rows(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Stack one upload of every client over a new client axis, zero-padding the leading
+    dimension where clients differ only there (per-step uploads of clients that took different
+    numbers of local steps, see :attr:`ClientContext.uploads`). Other shape differences raise."""
+    if len({tuple(r.shape) for r in rows}) > 1 and all(r.dim() > 0 for r in rows) \
+            and len({tuple(r.shape[1:]) for r in rows}) == 1:
+        longest = max(r.shape[0] for r in rows)
+        rows = [torch.cat([r, r.new_zeros((longest - r.shape[0], *r.shape[1:]))]) if r.shape[0] < longest else r
+                for r in rows]
+    try:
+        return torch.stack(rows)
+    except RuntimeError as exc:
+        raise InconsistentUpdateError(f"clients uploaded tensors of different shapes: {exc}") from None
 
 
 def weighted_average(stacked: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

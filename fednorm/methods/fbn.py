@@ -34,7 +34,21 @@ Design choices (spec §4, §8.4, §10; docs/fbn.md):
   ``Agg(σ̂²_run^(i)) + (c/β)·Agg((ū_run^(i) − ū_run)²)``. By default (``robust_targets: both``)
   the same rule also combines the weights (the spec: "the same NNM + Agg to the client
   momentums"); ``robust_targets: stats`` keeps the weights' mean.
-* Weights (α, ζ and the rest) are averaged uniformly by default, as in the paper (1/n).
+* **Unequal clients** (paper footnote 2; Dirichlet and quantity-skew partitions, drop_last
+  remainders). The statistics are always count-weighted (above). In ``exact`` mode a client that
+  took fewer steps uploads fewer rows; step e of the replay aggregates the clients that took an
+  e-th step, so the shared statistics equal centralized BatchNorm's running statistics over the
+  sequence of union batches "every client's e-th batch" (tested in float64).
+* **Initial statistics** (spec B10, ``initial_pass``): the paper starts the shared statistics at
+  (0, 1), so the first rounds barely normalise. With ``initial_pass`` the round-0 statistics are
+  exact statistics of the initial model on the clients' data, from L statistics-only exchanges
+  (L FBN layers; each pass recomputes every layer under the statistics set so far, so after pass k
+  the first k layers in forward order are exact whatever the module order). Default ``"auto"``:
+  on with local epochs/steps (FedAvg), off under DSGD, where the paper's loop stays as written.
+* **Weights** (α, ζ and the rest) are averaged with sample-count weights by default (spec B11
+  [rec]), which is the paper's uniform 1/n when clients hold equal shards (its setting) and keeps
+  a client with five samples from weighing as much as one with five hundred otherwise
+  (``weighting: uniform`` is the literal 1/n).
 """
 
 from __future__ import annotations
@@ -45,7 +59,15 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..nn.fbn import FederatedBatchNorm, attach_fbn_recorders, detach_fbn_recorders, fbn_local_update, fbn_modules
+from ..nn.fbn import (
+    FederatedBatchNorm,
+    attach_fbn_recorders,
+    detach_fbn_recorders,
+    fbn_local_update,
+    fbn_modules,
+    recording_fbn_statistics,
+)
+from ..nn.functional import pooled_stats
 from .base import ClientContext, ClientUpdates
 from .fedavg import FedAvg, aggregate_group
 from .registry import register_method
@@ -85,7 +107,12 @@ class FBN(FedAvg):
         robust_variance: robust rule for the variance: ``"two_stage"`` (aggregate the
             per-client corrected variances, spec §8.4 [rec]) or ``"literal"``. (default:
             ``"two_stage"``)
-        weighting: weights of the model average (default: ``"uniform"``, the paper's 1/n).
+        weighting: weights of the model average: ``"num_examples"`` (count weights, spec B11; the
+            paper's 1/n for equal shards) or ``"uniform"``. (default: ``"num_examples"``)
+        initial_pass: start from exact statistics of the initial model (statistics-only
+            exchanges before round 1, spec B10) instead of (0, 1): ``True``, ``False`` or
+            ``"auto"`` (on unless the run is DSGD, the paper's loop). (default: ``"auto"``)
+        stats_batch_size: chunk size of the statistics pass. (default: 512)
     """
 
     name = "fbn"
@@ -94,9 +121,17 @@ class FBN(FedAvg):
         self,
         mode: Literal["exact", "literal"] = "exact",
         robust_variance: Literal["two_stage", "literal"] = "two_stage",
-        weighting: Literal["num_examples", "uniform"] = "uniform",
+        weighting: Literal["num_examples", "uniform"] = "num_examples",
+        initial_pass: bool | Literal["auto"] = "auto",
+        stats_batch_size: int = 512,
     ) -> None:
         super().__init__(weighting=weighting)
+        if initial_pass not in (True, False, "auto"):
+            raise ConfigError(f"Unknown value '{initial_pass}' for argument initial_pass. Valid values are {{true, false, auto}}")
+        if stats_batch_size < 2:
+            raise ConfigError(f"stats_batch_size must be at least 2, got {stats_batch_size}")
+        self.initial_pass = initial_pass
+        self.stats_batch_size = stats_batch_size
         if mode not in ("exact", "literal"):
             raise ConfigError(f"Unknown value '{mode}' for argument mode. Valid values are {{exact, literal}}")
         if robust_variance not in ("two_stage", "literal"):
@@ -159,7 +194,67 @@ class FBN(FedAvg):
             mean, var = fbn_local_update(mean, var, m, v, beta)
         return {f"fbn.{name}.count": counts.mean().reshape(1), f"fbn.{name}.mean": mean.unsqueeze(0), f"fbn.{name}.var": var.unsqueeze(0)}
 
+    def client_query(self, query: str, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """``"statistics"``: per FBN layer, the exact ``(count, mean, biased var)`` of its input
+        over all the client's training samples, every layer normalising with the shared statistics
+        of ``ctx.model`` (the initial pass)."""
+        if query != "statistics":
+            return super().client_query(query, ctx)
+        model = ctx.model
+        modes = {m: m.training for m in model.modules()}
+        model.eval()
+        for _, layer in fbn_modules(model):
+            layer.train()  # records its batch statistics; normalises with the shared ones either way
+        chunks = list(ctx.x.split(self.stats_batch_size)) if len(ctx.x) else []
+        if len(chunks) > 1 and len(chunks[-1]) < 2:  # a batch of one sample has no variance in a 1-d layer
+            chunks[-2] = torch.cat(chunks[-2:])
+            chunks.pop()
+        try:
+            with torch.no_grad(), recording_fbn_statistics(model) as records:
+                for chunk in chunks:
+                    model(chunk)
+        finally:
+            for m, mode in modes.items():
+                m.training = mode
+        out = {}
+        for name in self.layers:
+            rows = records.get(name, [])
+            if not rows:
+                out[f"fbn.{name}.count"] = torch.zeros((), dtype=torch.float64)
+                c = ctx.global_state[f"{name}.running_mean"].numel()
+                out[f"fbn.{name}.mean"] = out[f"fbn.{name}.var"] = torch.zeros(c, dtype=torch.float64)
+                continue
+            counts, means, variances = (torch.stack(col) for col in zip(*rows))
+            total, mean, var = pooled_stats(counts.reshape(-1), means, variances)
+            out.update({f"fbn.{name}.count": total.reshape(()), f"fbn.{name}.mean": mean, f"fbn.{name}.var": var})
+        return out
+
     # -- server -----------------------------------------------------------------------------
+    def initial_state(self, sim: Any) -> dict[str, torch.Tensor] | None:
+        """The exact statistics of the initial model on the sampled clients' data (spec B10):
+        L statistics-only exchanges, each recomputing every layer under the statistics set by
+        the previous one, so after L passes every layer holds the unbiased statistics of its
+        input under the normalisation the model will train with."""
+        use = (not sim.config.dsgd) if self.initial_pass == "auto" else bool(self.initial_pass)
+        if not use:
+            return None
+        clients = sim.sample_clients(0)
+        state = dict(sim.global_state)
+        for _ in self.layers:
+            answers = sim.query_clients(clients, "statistics", state)
+            rows = [answers[c] for c in clients]
+            for name in self.layers:
+                count = torch.stack([r[f"fbn.{name}.count"] for r in rows]).reshape(-1)
+                if float(count.sum()) < 2:
+                    continue
+                _, mean, var = pooled_stats(
+                    count, torch.stack([r[f"fbn.{name}.mean"] for r in rows]), torch.stack([r[f"fbn.{name}.var"] for r in rows]),
+                    unbiased=True,
+                )
+                for key, value in ((f"{name}.running_mean", mean), (f"{name}.running_var", var)):
+                    state[key] = value.to(state[key].dtype)
+        return state
+
     def aggregate(
         self, server_round: int, global_state: dict[str, torch.Tensor], updates: ClientUpdates
     ) -> dict[str, torch.Tensor]:
@@ -182,9 +277,14 @@ class FBN(FedAvg):
         mu0 = {n: global_state[f"{n}.running_mean"].double() for n in self.layers}
         var0 = {n: global_state[f"{n}.running_var"].double() for n in self.layers}
         mean, var = dict(mu0), dict(var0)
+        robust = self.stats_aggregator is not None and not self.stats_aggregator.is_mean
         for e in range(num_rows):
             keep = ex[f"fbn.{first}.count"][:, e] > 0
             if int(keep.sum()) == 0 or float(ex[f"fbn.{first}.count"][keep, e].sum()) < 2:
+                continue
+            if robust and not bool(keep.all()):
+                # A robust rule's guarantee needs f < n/2 among the rows it combines: only the
+                # steps every client took are replayed (equal with DSGD or local_steps).
                 continue
             if self.mode == "literal":
                 decay: Any = {n: ((1 - self.momenta[n]) ** updates.num_steps[keep].double()).unsqueeze(-1) for n in self.layers}
@@ -233,4 +333,5 @@ class FBN(FedAvg):
 
     def hparams(self) -> dict[str, Any]:
         return {"mode": self.mode, "robust_variance": self.robust_variance, "weighting": self.weighting,
+                "initial_pass": self.initial_pass,
                 "aggregator": str(self.aggregator or "mean"), "stats_aggregator": str(self.stats_aggregator or "mean")}

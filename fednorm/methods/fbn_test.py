@@ -9,7 +9,7 @@ from torch import nn
 from fednorm.config import ExperimentConfig
 from fednorm.engine.simulator import Simulation
 from fednorm.methods import get_method
-from fednorm.methods.base import ClientContext, ClientUpdates
+from fednorm.methods.base import ClientContext, ClientUpdates, stack_rows
 from fednorm.nn.fbn import FederatedBatchNorm2d
 from fednorm.robust import get_aggregator
 
@@ -42,18 +42,28 @@ def _run_fbn(method, fbn_net, client_batches, global_state):
         states={key: torch.stack([global_state[key]] * k) for key in method.shared_keys},
         num_examples=torch.ones(k, dtype=torch.float64),
         train_loss=torch.zeros(k, dtype=torch.float64),
-        num_steps=torch.full((k,), len(client_batches[0])),
-        extras={key: torch.stack([u[key] for u in uploads]) for key in uploads[0]},
+        num_steps=torch.tensor([len(steps) for steps in client_batches]),
+        extras={key: stack_rows([u[key] for u in uploads]) for key in uploads[0]},  # the engine's stacking
     )
     new = dict(global_state)
     new.update(method.aggregate(1, global_state, updates))
     return new
 
 
-@pytest.mark.parametrize("mode,steps", [("exact", 1), ("literal", 1), ("exact", 3)])
-def test_shared_statistics_equal_centralized_batchnorm_step_after_step(mode, steps):
-    """F1/F3/F10: over several rounds, FBN's shared running statistics equal those of
-    torch.nn.BatchNorm2d run centrally on the concatenated batches of all clients (float64).
+@pytest.mark.parametrize(
+    "mode,steps,sizes",
+    [
+        ("exact", [1, 1, 1, 1], [3, 3, 3, 3]),  # Algorithm 2 exactly
+        ("literal", [1, 1, 1, 1], [3, 3, 3, 3]),
+        ("exact", [3, 3, 3, 3], [3, 3, 3, 3]),  # F10
+        ("exact", [3, 1, 2, 4], [3, 5, 1, 2]),  # unequal clients: different step counts and batches
+        ("literal", [1, 1, 1], [2, 7, 4]),  # unequal batches, one step: Eq. 9–10 with count weights
+    ],
+)
+def test_shared_statistics_equal_centralized_batchnorm_step_after_step(mode, steps, sizes):
+    """F1/F3/F10 and footnote 2: over several rounds, FBN's shared running statistics equal those
+    of torch.nn.BatchNorm2d run centrally on the union batches (float64). With unequal clients the
+    e-th union batch is the e-th batch of every client that took an e-th step.
 
     The network's earlier FBN layers normalise with the shared statistics, so the centralized
     reference feeds each BN layer the same input: it runs the FBN net in eval mode with hooks
@@ -64,15 +74,14 @@ def test_shared_statistics_equal_centralized_batchnorm_step_after_step(mode, ste
     method.setup(fbn_net)
     state = {k: v.clone() for k, v in fbn_net.state_dict().items()}
     refs = {name: nn.BatchNorm2d(m.num_features, momentum=BETA).double() for name, m in fbn_net.named_modules() if isinstance(m, FederatedBatchNorm2d)}
-    sizes = [3, 3, 3, 3]  # equal batches: Algorithm 2 exactly
     for rnd in range(4):
         shifts = [torch.randn(1, 2, 1, 1, dtype=torch.float64) * 3 for _ in sizes]  # heterogeneous clients
-        batches = [[torch.randn(b, 2, 5, 5, dtype=torch.float64) * (1 + i) + shifts[i] for _ in range(steps)] for i, b in enumerate(sizes)]
+        batches = [[torch.randn(b, 2, 5, 5, dtype=torch.float64) * (1 + i) + shifts[i] for _ in range(steps[i])] for i, b in enumerate(sizes)]
         # reference: each step, the union batch through the net with the round-start shared statistics
         fbn_net.load_state_dict(state)
         fbn_net.eval()
-        for e in range(steps):
-            union = torch.cat([batches[i][e] for i in range(len(sizes))])
+        for e in range(max(steps)):
+            union = torch.cat([batches[i][e] for i in range(len(sizes)) if e < steps[i]])
             inputs = {}
             hooks = [m.register_forward_pre_hook(lambda _m, a, n=n: inputs.__setitem__(n, a[0])) for n, m in fbn_net.named_modules() if n in refs]
             fbn_net(union)
@@ -158,3 +167,35 @@ def test_fbn_layers_need_the_fbn_method_and_fbn_needs_them():
         Simulation(ExperimentConfig(norm="fbn", method="fedavg", rounds=1, out=None))
     with pytest.raises(ConfigError, match="needs FBN layers"):
         Simulation(ExperimentConfig(norm="bn", method="fbn", rounds=1, out=None))
+
+
+def test_initial_pass_gives_every_layer_the_exact_statistics_of_its_input_on_the_union(tmp_path):
+    """Spec B10 (``initial_pass``): before round 1 the shared statistics of every FBN layer are
+    the unbiased mean and variance of that layer's input over all clients' training samples,
+    with every layer normalising with the statistics so set (float64, independent reference:
+    one centralized forward over the union with hooks, numpy moments). DSGD keeps (0, 1)."""
+    import numpy as np
+
+    cfg = dict(dataset="digits", partition="dirichlet", alpha=0.5, num_clients=4, rounds=1, model="simple_cnn", norm="fbn",
+               method="fbn", dtype="float64", threads=1, checkpoint_every=0, out=None)
+    sim = Simulation(ExperimentConfig(**cfg))
+    start = sim.method.initial_state(sim)
+    assert start is not None
+    net = sim.global_model(start).eval()
+    names = [n for n, m in net.named_modules() if isinstance(m, FederatedBatchNorm2d)]
+    assert len(names) >= 2
+    union = torch.cat([sim.data.train_x.index_select(0, ix) for ix in sim.data.client_train])
+    inputs = {}
+    modules = dict(net.named_modules())
+    hooks = [modules[n].register_forward_pre_hook(lambda _m, a, n=n: inputs.__setitem__(n, a[0].detach())) for n in names]
+    with torch.no_grad():
+        net(union)
+    for h in hooks:
+        h.remove()
+    for n in names:
+        x = inputs[n].transpose(0, 1).reshape(inputs[n].shape[1], -1).numpy()
+        np.testing.assert_allclose(start[f"{n}.running_mean"].numpy(), x.mean(axis=1), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(start[f"{n}.running_var"].numpy(), x.var(axis=1, ddof=1), rtol=1e-10, atol=1e-12)
+    assert not torch.equal(start[f"{names[0]}.running_var"], torch.ones_like(start[f"{names[0]}.running_var"]))
+    dsgd = Simulation(ExperimentConfig(**dict(cfg, dsgd=True)))
+    assert dsgd.method.initial_state(dsgd) is None  # the paper's loop starts from (0, 1)
