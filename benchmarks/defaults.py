@@ -121,6 +121,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("round")
         ax.set_ylabel("test accuracy %")
         ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
     axes[0][-1].legend(fontsize=7, loc="lower right")
     fig.suptitle(f"{results['method'].upper()} variants (sequential executor, 1 thread)", fontsize=10)
     fig.tight_layout()

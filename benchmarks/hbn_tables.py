@@ -64,11 +64,12 @@ def variant(name: str, rounds: int) -> dict:
         # the LN paper's FedFN placement: FN on the 128-d penultimate features, before the head
         "fn_head": dict(norm="fn", method="fedavg"),
         "fixbn": dict(norm="bn", method="fixbn", method_args={"switch_round": max(1, rounds // 2)}),
-        "fbn": dict(norm="fbn", method="fbn", method_args={"mode": "literal"}),
-        "hbn": dict(norm="hbn", method="hbn"),
+        # FBN and HBN as their papers run them (fednorm's defaults add initial statistics passes)
+        "fbn": dict(norm="fbn", method="fbn", method_args={"mode": "literal", "initial_pass": False, "weighting": "uniform"}),
+        "hbn": dict(norm="hbn", method="hbn", method_args={"preset": "paper"}),
         # the global statistics set from the first pool instead of smoothed into (0, 1) (spec §5 row 8):
         # with lambda = 0.01 the initial (0, 1) keeps 0.99^R of the weight, 78% after 25 rounds
-        "hbn_first_round": dict(norm="hbn", method="hbn", method_args={"stats_init": "first_round"}),
+        "hbn_first_round": dict(norm="hbn", method="hbn", method_args={"preset": "paper", "stats_init": "first_round"}),
     }[name]
 
 

@@ -65,7 +65,7 @@ def _eq8_numpy(per_client, bessel_count):
 def test_pooled_statistics_follow_eq8_with_the_bessel_count(bessel_count):
     """Eq. 8 over the round's clients (3 of 4), against numpy: the weights and N count samples
     (paper and code) or the values per channel; the default is samples."""
-    sim = _sim(clients_per_round=3, method_args={"stats_momentum": 1.0, "stats_mode": "eval", "bessel_count": bessel_count})
+    sim = _sim(clients_per_round=3, method_args={"preset": "paper", "stats_momentum": 1.0, "stats_mode": "eval", "bessel_count": bessel_count})
     downloaded = copy.deepcopy(sim.model)
     downloaded.load_state_dict(sim.global_state)
     record = sim.step()
@@ -93,8 +93,8 @@ def test_the_two_bessel_counts_differ_by_n_over_n_minus_one():
 
 
 def test_lambda_smooths_the_global_statistics_eq11():
-    a = _sim(method_args={"stats_momentum": 1.0, "stats_mode": "eval"})
-    b = _sim(method_args={"stats_momentum": 0.25, "stats_mode": "eval"})
+    a = _sim(method_args={"preset": "paper", "stats_momentum": 1.0, "stats_mode": "eval"})
+    b = _sim(method_args={"preset": "paper", "stats_momentum": 0.25, "stats_mode": "eval"})
     before = {k: v.clone() for k, v in b.global_state.items()}
     a.step(), b.step()
     for name in b.method.layers:
@@ -149,7 +149,7 @@ def test_learned_mixing_is_reported_per_layer():
 def test_first_samples_statistics_equal_a_direct_computation_on_those_samples():
     """stats_samples='first': the uploaded statistics are exactly those of the first m samples of
     the client's data (in index order) under the downloaded weights."""
-    sim = _sim(num_clients=1, partition="iid", method_args={"stats_momentum": 1.0, "stats_mode": "eval",
+    sim = _sim(num_clients=1, partition="iid", method_args={"preset": "paper", "stats_momentum": 1.0, "stats_mode": "eval",
                                                              "stats_samples": "first", "stats_max_samples": 40})
     downloaded = copy.deepcopy(sim.model)
     downloaded.load_state_dict(sim.global_state)
@@ -187,9 +187,9 @@ def test_random_subset_statistics_are_seeded_and_differ_from_all_data():
 
 def test_hybrid_upload_mixes_local_and_global_statistics_with_the_client_alpha():
     """upload='hybrid' (the code): at alpha = 0 the uploaded mean is (local + global) / 2."""
-    local = _sim(num_clients=1, partition="iid", method_args={"stats_momentum": 1.0, "stats_mode": "eval"})
+    local = _sim(num_clients=1, partition="iid", method_args={"preset": "paper", "stats_momentum": 1.0, "stats_mode": "eval"})
     hybrid = _sim(num_clients=1, partition="iid",
-                  method_args={"stats_momentum": 1.0, "stats_mode": "eval", "upload": "hybrid"})
+                  method_args={"preset": "paper", "stats_momentum": 1.0, "stats_mode": "eval", "upload": "hybrid"})
     before = {k: v.clone() for k, v in hybrid.global_state.items()}
     local.step(), hybrid.step()
     name = hybrid.method.layers[0]  # the first layer's input does not depend on earlier statistics
@@ -220,8 +220,8 @@ def test_reference_code_preset_averages_alpha_and_clients_keep_their_own():
 
 
 def test_first_round_init_replaces_the_zero_one_statistics():
-    a = _sim(method_args={"stats_momentum": 1.0})
-    b = _sim(method_args={"stats_momentum": 0.01, "stats_init": "first_round"})
+    a = _sim(method_args={"preset": "paper", "stats_momentum": 1.0})
+    b = _sim(method_args={"preset": "paper", "stats_momentum": 0.01, "stats_init": "first_round"})
     a.step(), b.step()
     for name in a.method.layers:
         for key in ("running_mean", "running_var"):
@@ -309,3 +309,47 @@ def test_methods_do_not_import_the_engine():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", out
+
+
+@pytest.mark.parametrize("initial_pass", [False, True])
+def test_debiased_statistics_are_the_pools_ema_normalised_by_its_weight(initial_pass):
+    """``stats_init: debiased``: after pools p_1..p_T the global statistics are
+    Σ_t λ(1−λ)^(T−t) p_t / (1 − (1−λ)^T) (Adam's bias correction; the (0, 1) start carries no
+    weight), checked against that closed form with known pools. With ``initial_pass`` the pool
+    of the initial weights, taken before round 1, is p_1."""
+    lam, rounds = 0.3, 3
+    sim = _sim(rounds=rounds, method_args={"preset": "paper", "stats_momentum": lam, "stats_init": "debiased",
+                                           "initial_pass": initial_pass, "eval_resync": False})
+    gen = torch.Generator().manual_seed(0)
+    pools: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = []
+
+    def fake_pooled(extras, name):  # a new known pool per exchange (one call per layer and exchange)
+        if not pools or name in pools[-1]:
+            pools.append({})
+        c = sim.global_state[f"{name}.running_mean"].numel()
+        pools[-1][name] = (torch.randn(c, generator=gen, dtype=torch.float64), torch.rand(c, generator=gen, dtype=torch.float64) + 0.5)
+        return pools[-1][name]
+
+    sim.method.pooled = fake_pooled
+    for _ in range(rounds):
+        sim.step()
+    assert len(pools) == rounds + int(initial_pass)
+    t_total = len(pools)
+    norm = 1 - (1 - lam) ** t_total
+    for name in sim.method.layers:
+        for i, key in enumerate(("running_mean", "running_var")):
+            want = sum(lam * (1 - lam) ** (t_total - 1 - t) * pools[t][name][i] for t in range(t_total)) / norm
+            torch.testing.assert_close(sim.global_state[f"{name}.{key}"], want, rtol=1e-12, atol=1e-12)
+
+
+def test_presets_fill_what_is_unset_and_the_default_is_the_paper_with_a_learning_start():
+    from fednorm.methods import get_method
+
+    paper, code, default = (get_method("hbn", preset=p) for p in ("paper", "reference-code", "default"))
+    assert (paper.stats_init, paper.initial_pass, paper.stats_momentum) == ("zeros_ones", False, 0.01)
+    assert (code.stats_init, code.initial_pass, code.stats_momentum) == ("zeros_ones", False, 0.002)
+    assert (default.stats_init, default.initial_pass, default.stats_momentum) == ("debiased", True, 0.01)
+    assert get_method("hbn").preset == "default"
+    for key in ("stats_samples", "upload", "alpha_mode", "bessel_count", "final_sync"):
+        assert getattr(default, key) == getattr(paper, key), key
+    assert get_method("hbn", preset="paper", stats_init="debiased").stats_init == "debiased"  # explicit wins
