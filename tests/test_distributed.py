@@ -1,6 +1,7 @@
 """FedTAN's synchronised step with clients spread over processes (gloo over loopback)."""
 
 import copy
+import dataclasses
 import datetime
 import json
 
@@ -39,7 +40,8 @@ def _worker(rank: int, world: int, tmp: str) -> None:
         stacked = stack_model(model, len(mine), verify=False)
         stacked.train()
         set_client_comm(stacked, comm)
-        losses, total, p = synced_loss(stacked, stacked, [xs[i] for i in mine], [ys[i] for i in mine], comm=comm)
+        losses, total, p = synced_loss(stacked, stacked, [xs[i] for i in mine], [ys[i] for i in mine],
+                                       total_batch=sum(SIZES))
         total.backward()
         params = dict(stacked.named_parameters())
         scale_client_grads(params, 1.0 / p)
@@ -60,8 +62,10 @@ def _worker(rank: int, world: int, tmp: str) -> None:
             abs(float(losses[j]) - float(per_sample[bounds[i] : bounds[i + 1]].mean())) for j, i in enumerate(mine)
         )
         with open(f"{tmp}/rank{rank}.json", "w") as f:
-            json.dump({"grad_rel_err": err, "loss_err": loss_err, "reductions": comm.num_reductions,
-                       "bytes": comm.bytes_sent}, f)
+            json.dump({"grad_rel_err": err, "loss_err": loss_err, "clients": len(mine),
+                       "traffic": dataclasses.asdict(comm.traffic), "bytes": comm.bytes_sent,
+                       "statistics": sum(2 * m.num_features for m in model.modules()
+                                         if isinstance(m, torch.nn.BatchNorm2d))}, f)
     finally:
         dist.destroy_process_group()
 
@@ -69,11 +73,21 @@ def _worker(rank: int, world: int, tmp: str) -> None:
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 def test_synchronised_step_across_processes_equals_centralized_bn(tmp_path):
     """Two processes (clients {0, 1} and {2}) reduce their BN statistics with gloo all-reduces; the
-    p-weighted gradient summed over ranks equals centralized BN's gradient on the union batch."""
+    p-weighted gradient summed over ranks equals centralized BN's gradient on the union batch.
+    Each rank counts the paper's exchanges (3 per BN layer, the batch sizes being known) and its
+    own clients' bytes; added up they are the three clients' traffic."""
+    from fednorm.nn.comm import CommTraffic
+
     mp.spawn(_worker, args=(2, str(tmp_path)), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for res in results:
         assert res["grad_rel_err"] < 1e-10
         assert res["loss_err"] < 1e-12
-        assert res["reductions"] == 3 * 19 + 1  # count, mean, variance per BN layer; batch sizes once
+        assert res["traffic"]["exchanges"] == 3 * 19  # mean, variance, both gradients per BN layer
+        per_client = 2 * res["statistics"] * 8  # statistics, then their gradients; float64
+        assert res["traffic"]["uplink_bytes"] == res["clients"] * per_client
+        assert res["traffic"]["broadcast_bytes"] == per_client
+    total = CommTraffic.across_ranks([CommTraffic(**res["traffic"]) for res in results])
+    assert total.uplink_bytes == total.downlink_bytes == len(SIZES) * per_client
+    assert total.exchanges == 3 * 19
     assert results[0]["bytes"] > 0

@@ -48,7 +48,7 @@ def _config(case: str) -> ExperimentConfig:
 
 def _metrics(result) -> dict:
     keep = ("test_accuracy", "test_loss", "mean_client_accuracy", "client_accuracies", "train_loss", "uplink_bytes",
-            "downlink_bytes", "samples_trained")
+            "downlink_bytes", "downlink_bytes_broadcast", "comm_rounds", "samples_trained")
     out = {"history": [{k: h[k] for k in keep} for h in result.history]}
     s = result.summary
     out["final_sync"] = s.get("final_sync")

@@ -161,45 +161,7 @@ def test_baselines_do_not_equal_centralized_gradient_descent(method):
     assert dev > 1e-4
 
 
-def test_communication_rounds_and_bytes_follow_the_paper():
-    """T8: 3L+1 exchanges per round (ResNet-20: L = 19 -> 58), 2L+1 for forward-only sync, 1 after
-    FedTAN-II's switch; the extra uplink is the statistics and their gradients (Table 3)."""
-    cfg = _digits_config(model="resnet20", model_args={}, rounds=3, num_clients=5, batch_size=16,
-                         method_args={"freeze_after": 2}, dtype="float32")
-    sim = Simulation(cfg)
-    num_bn = sum(isinstance(m, torch.nn.BatchNorm2d) for m in sim.model.modules())
-    assert num_bn == 19
-    shared = sum(t.numel() * t.element_size() for t in sim.global_state.values())
-    bn_channels = sum(m.num_features for m in sim.model.modules() if isinstance(m, torch.nn.BatchNorm2d))
-    sim.step()
-    assert sim.comm_rounds == 3 * num_bn + 1 == 58
-    extra = 2 * (2 * bn_channels) * 4  # means+variances, then their gradients, float32
-    assert sim.uplink_bytes == 5 * (shared + extra)
-    sim.step()
-    sim.step()  # round 3 is after the switch (freeze_after=2): plain FedAvg
-    assert sim.comm_rounds == 58 * 2 + 1
-    fwd = Simulation(_digits_config(model="resnet20", model_args={}, rounds=1, method="fedtan_forward", batch_size=16))
-    fwd.step()
-    assert fwd.comm_rounds == 2 * num_bn + 1
-
-
-def test_resnet20_matches_the_papers_table3_bytes():
-    """Table 3: FedTAN moves 6.2679 MiB per iteration with 5 clients on CIFAR-10's ResNet-20
-    (P = 271,098 parameters and running statistics, 1,376 statistics per exchange)."""
-    from fednorm.methods import get_method
-
-    model = get_model("resnet20", num_classes=10, in_channels=3, input_size=32, norm="bn")
-    method = get_method("fedtan")
-    method.setup(model)
-    p = sum(t.numel() for t in model.parameters()) + sum(
-        t.numel() for n, t in model.named_buffers() if n.endswith(("running_mean", "running_var"))
-    )
-    assert p == 271_098
-    assert method.statistics_floats() == 1376
-    n = 5
-    mib = (p + 2 * method.statistics_floats()) * (n + 1) * 4 / 2**20
-    assert round(mib, 4) == 6.2679
-    assert round(p * (n + 1) * 4 / 2**20, 4) == 6.2049  # FedAvg+BN
+# T8 (communication, counted): tests/test_fedtan_comm.py
 
 
 def test_fedtan2_freezes_statistics_after_the_switch_round():

@@ -72,6 +72,7 @@ def test_communication_accounting_counts_shared_bytes_per_sampled_client():
     model_bytes = sum(v.numel() * v.element_size() for v in sim.global_state.values())
     assert result.history[-1]["downlink_bytes"] == 2 * 2 * model_bytes
     assert result.history[-1]["uplink_bytes"] == 2 * 2 * model_bytes
+    assert result.history[-1]["downlink_bytes_broadcast"] == 2 * model_bytes  # one broadcast per round
 
 
 def test_compare_writes_table_and_plot(tmp_path):

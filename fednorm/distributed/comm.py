@@ -1,16 +1,17 @@
 """The engine's cross-client reduction as a ``torch.distributed`` collective.
 
-A norm layer that aggregates statistics over clients (FedTAN's synchronised BatchNorm, FBN) calls
-``comm.sum(t)`` on a tensor whose leading axis is the clients it holds. In one process that is
+A norm layer that aggregates statistics over clients (FedTAN's synchronised BatchNorm) calls
+``comm.reduce(t)`` on a tensor whose leading axis is the clients it holds. In one process that is
 ``t.sum(0)`` (:class:`~fednorm.nn.comm.LocalClientComm`); here each process first sums its own
 clients, then all-reduces across processes, so the same layer code runs with clients spread over
 ranks (gloo on CPU, NCCL on GPU).
 
-The reduction must stay differentiable: FedTAN's backward pass aggregates the gradients with
-respect to the pooled mean and variance (Algorithm 3). Every rank uses the reduced value in its
-own loss, and the federated objective is the sum of the ranks' losses, so the gradient reaching
-each rank's input is the sum of the gradients of all ranks' outputs: the backward of an
-all-reduce-sum is again an all-reduce-sum.
+FedTAN's backward pass aggregates the gradients with respect to the pooled mean and variance
+(Algorithm 3) through the same handle (:meth:`~fednorm.nn.comm.ClientComm.shared`). Every rank
+uses the reduced value in its own loss, and the federated objective is the sum of the ranks'
+losses, so the gradient reaching each rank's input is the sum of the gradients of all ranks'
+outputs: the backward of an all-reduce-sum is again an all-reduce-sum. :func:`all_reduce_sum`
+is that primitive on its own, for code outside the norm layers.
 """
 
 from __future__ import annotations
@@ -44,23 +45,25 @@ def all_reduce_sum(t: torch.Tensor, group=None) -> torch.Tensor:
 
 
 class DistributedClientComm(ClientComm):
-    """``sum`` over this process's clients (leading axis), then over every rank of ``group``.
+    """Sums over this process's clients (leading axis), then over every rank of ``group``.
 
-    Counts the reductions and the bytes this rank sends, for communication accounting.
+    Counts exchanges and bytes in the federated protocol like every
+    :class:`~fednorm.nn.comm.ClientComm` (``traffic``, this rank's clients' share), and the bytes
+    this rank put into all-reduces (``bytes_sent``).
     """
 
     def __init__(self, group=None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("DistributedClientComm needs an initialised torch.distributed process group")
+        super().__init__()
         self.group = group
-        self.num_reductions = 0
         self._bytes = 0
 
-    def sum(self, t: torch.Tensor) -> torch.Tensor:
-        local = t.sum(dim=0) if t.dim() else t
-        self.num_reductions += 1
-        self._bytes += local.numel() * local.element_size()
-        return all_reduce_sum(local, self.group)
+    def _sum_participants(self, local: torch.Tensor) -> torch.Tensor:
+        out = local.detach().clone().contiguous()
+        self._bytes += out.numel() * out.element_size()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
+        return out
 
     @property
     def bytes_sent(self) -> int:

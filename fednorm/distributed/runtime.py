@@ -14,9 +14,10 @@ variates) in its own bank and answers queries about them. Rank 0 is also the ser
 
 Lockstep methods (FedTAN) reduce their BatchNorm statistics *during* the forward and backward
 pass through :class:`~fednorm.distributed.comm.DistributedClientComm`, so the same layer code
-aggregates over clients on other ranks. A failure inside a rank's training (a divergence) is
-sent to the server and raised on every rank; a rank that dies makes the others' collectives fail
-(or time out after ``timeout``), never hang.
+aggregates over clients on other ranks; each rank counts its clients' share of those exchanges
+and rank 0 adds the shares up, so the run reports the simulator's counted traffic. A failure
+inside a rank's training (a divergence) is sent to the server and raised on every rank; a rank
+that dies makes the others' collectives fail (or time out after ``timeout``), never hang.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..engine.remote import describe_error, host_of, merge_updates, rebuild_erro
 from ..engine.simulator import RoundRecord, Simulation
 from ..errors import ConfigError
 from ..methods.base import ClientUpdates
+from ..nn.comm import CommTraffic
 from .comm import DistributedClientComm
 
 __all__ = ["DistributedSimulation", "init_distributed", "host_of"]
@@ -146,11 +148,13 @@ class DistributedSimulation(Simulation):
     def train_clients(self, server_round: int, client_ids: list[int], lr: float) -> ClientUpdates | None:
         """Train the hosted clients; rank 0 receives everyone's updates (``None`` elsewhere)."""
         mine = self.hosted(client_ids)
-        payload: dict[str, Any] = {"seen": 0, "updates": None}
+        payload: dict[str, Any] = {"seen": 0, "updates": None, "traffic": CommTraffic()}
         try:
             if mine:
+                self.executor.round_clients = list(client_ids)  # the synchronised step weights by all of them
                 payload["updates"] = _moved(self.executor.run_round(server_round, mine, self.global_state, lr), "cpu")
                 payload["seen"] = self.executor.last_samples_seen
+                payload["traffic"] = getattr(self.executor, "last_traffic", CommTraffic())
         except Exception as exc:  # reported through the server and raised on every rank, never a lone exit
             name, message = describe_error(exc)
             payload["error"] = (name, f"rank {self.rank}: {message}")
@@ -164,6 +168,7 @@ class DistributedSimulation(Simulation):
             name, message = errors[0]
             raise rebuild_error(name, message)
         self._last_samples_seen = sum(p["seen"] for p in gathered)
+        self._last_traffic = CommTraffic.across_ranks([p["traffic"] for p in gathered])
         return _moved(merge_updates([p["updates"] for p in gathered], client_ids), self.device)
 
     def _server_state(self) -> dict[str, Any]:
@@ -171,7 +176,8 @@ class DistributedSimulation(Simulation):
             "server_round": self.server_round,
             "global_state": _moved(self.global_state, "cpu"),
             "method_state": _moved(self.method.state_dict(), "cpu"),
-            "counters": (self.uplink_bytes, self.downlink_bytes, self.comm_rounds, self.samples_trained, self.wall_seconds),
+            "counters": (self.uplink_bytes, self.downlink_bytes, self.downlink_bytes_broadcast, self.comm_rounds,
+                         self.samples_trained, self.wall_seconds),
             "dropped": dict(self.dropped),
             "events": list(self.events),
             "pending_events": list(self._pending_events),
@@ -181,7 +187,8 @@ class DistributedSimulation(Simulation):
         self.server_round = int(state["server_round"])
         self.global_state = {k: v.to(self.device) for k, v in state["global_state"].items()}
         self.method.load_state_dict(state["method_state"])
-        self.uplink_bytes, self.downlink_bytes, self.comm_rounds, self.samples_trained, self.wall_seconds = state["counters"]
+        (self.uplink_bytes, self.downlink_bytes, self.downlink_bytes_broadcast, self.comm_rounds,
+         self.samples_trained, self.wall_seconds) = state["counters"]
         self.dropped = state["dropped"]
         self.events = state["events"]
         self._pending_events = state["pending_events"]

@@ -24,7 +24,6 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..nn.comm import ClientComm
 from ..nn.stacked import set_row_mask, to_client_layout
 
 __all__ = ["synced_loss", "scale_client_grads"]
@@ -37,7 +36,7 @@ def synced_loss(
     ys: Sequence[torch.Tensor],
     *,
     channels_last: bool = False,
-    comm: ClientComm | None = None,
+    total_batch: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward every client's batch through ``forward`` in one stacked pass.
 
@@ -46,8 +45,10 @@ def synced_loss(
         net: the stacked model whose BN layers are synchronised (for the row mask).
         xs, ys: each client's batch (``B_i × ...``) and labels.
         channels_last: convert 4-d input to channels-last memory format.
-        comm: where the other clients are (default: all in ``xs``); with clients spread over
-            processes the weights ``p_i`` are normalised by the batch sizes of all of them.
+        total_batch: the samples of *all* the step's clients, these and those on other
+            processes (default: those in ``xs``), which normalise the weights ``p_i``. Every
+            party knows the batch sizes in advance (they follow from the clients' dataset sizes
+            and the batch plan), as the paper's server knows its ``p_i``: no exchange.
 
     Returns:
         ``(losses, total, p)``: each client's mean loss ``F_i`` ``[K]``, the loss to
@@ -62,7 +63,7 @@ def synced_loss(
     size_t = torch.tensor(sizes, dtype=x.dtype, device=x.device)
     mask = torch.arange(bmax, device=x.device).unsqueeze(1) < size_t.unsqueeze(0)  # [B, K]
     ragged = not bool(mask.all())
-    set_row_mask(net, mask if ragged else None)
+    set_row_mask(net, mask if ragged else None, total_rows=total_batch)
     try:
         logits = forward(x)
     finally:
@@ -73,8 +74,7 @@ def synced_loss(
     if ragged:
         per_sample = per_sample * mask.t().to(per_sample.dtype)
     losses = per_sample.sum(dim=1) / size_t
-    total_size = size_t.sum() if comm is None else comm.sum(size_t.unsqueeze(1)).reshape(()).detach()
-    p = size_t / total_size
+    p = size_t / (size_t.sum() if total_batch is None else float(total_batch))
     return losses, (p * losses).sum(), p
 
 

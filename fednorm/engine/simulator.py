@@ -22,6 +22,7 @@ from ..errors import ConfigError, DivergenceError, RoundFailedError
 from ..methods import Method
 from ..methods.base import ClientContext, ClientUpdates
 from ..models import get_model
+from ..nn.comm import CommTraffic
 from ..nn.stacked import NotStackableError
 from ..optim.compose import build_method
 from ..robust import get_aggregator, get_attack
@@ -177,8 +178,10 @@ class Simulation:
         self.executor = self._make_executor()
         self.server_round = 0
         self.uplink_bytes = 0
-        self.downlink_bytes = 0
+        self.downlink_bytes = 0  # every client's download counted (a broadcast once per client)
+        self.downlink_bytes_broadcast = 0  # each broadcast counted once (FedTAN paper's Tables 3-5)
         self.comm_rounds = 0
+        self._last_traffic = CommTraffic()  # exchanges inside the round's training (FedTAN), counted there
         self.samples_trained = 0
         self.wall_seconds = 0.0
         self.history: list[dict[str, Any]] = []
@@ -268,6 +271,7 @@ class Simulation:
         """Local training of ``client_ids`` from the global state: here, in this process."""
         updates = self.executor.run_round(server_round, client_ids, self.global_state, lr)
         self._last_samples_seen = self.executor.last_samples_seen
+        self._last_traffic = getattr(self.executor, "last_traffic", CommTraffic())  # only lockstep steps exchange
         return updates
 
     def query_clients(
@@ -354,11 +358,13 @@ class Simulation:
         answered = len(updates) + sum(1 for e in events if e["kind"] in ("straggler", "deadline", "non_finite_update"))
         shared_bytes = tensor_bytes(self.global_state, self.method.shared_keys)
         extra_up, extra_down = self.method.extra_bytes_per_client(self.model)
-        self.downlink_bytes += (shared_bytes + extra_down) * len(clients)
+        traffic, self._last_traffic = self._last_traffic, CommTraffic()
+        self.downlink_bytes += (shared_bytes + extra_down) * len(clients) + traffic.downlink_bytes
+        self.downlink_bytes_broadcast += shared_bytes + extra_down + traffic.broadcast_bytes
         self.uplink_bytes += (
             shared_bytes + extra_up + sum(t[0].numel() * t.element_size() for t in updates.extras.values())
-        ) * answered
-        self.comm_rounds += self.method.comm_rounds_per_round(self.model)
+        ) * answered + traffic.uplink_bytes
+        self.comm_rounds += self.method.comm_rounds_per_round(self.model) + traffic.exchanges
         self.samples_trained += self._last_samples_seen
         w = updates.num_examples
         valid = torch.isfinite(updates.train_loss) & (w > 0)
@@ -381,6 +387,7 @@ class Simulation:
                     "wall_seconds": self.wall_seconds,
                     "uplink_bytes": self.uplink_bytes,
                     "downlink_bytes": self.downlink_bytes,
+                    "downlink_bytes_broadcast": self.downlink_bytes_broadcast,
                     "comm_rounds": self.comm_rounds,
                     "samples_trained": self.samples_trained,
                     "dropped_clients": dict(self.dropped),
@@ -410,6 +417,7 @@ class Simulation:
             "counters": {
                 "uplink_bytes": self.uplink_bytes,
                 "downlink_bytes": self.downlink_bytes,
+                "downlink_bytes_broadcast": self.downlink_bytes_broadcast,
                 "comm_rounds": self.comm_rounds,
                 "samples_trained": self.samples_trained,
                 "wall_seconds": self.wall_seconds,
@@ -428,6 +436,7 @@ class Simulation:
         self.method.load_state_dict(state.get("method_state", {}))
         c = state["counters"]
         self.uplink_bytes, self.downlink_bytes = int(c["uplink_bytes"]), int(c["downlink_bytes"])
+        self.downlink_bytes_broadcast = int(c.get("downlink_bytes_broadcast", 0))
         self.comm_rounds, self.samples_trained = int(c["comm_rounds"]), int(c["samples_trained"])
         self.wall_seconds = float(c["wall_seconds"])
         self.dropped = dict(c.get("dropped", {}))
@@ -533,6 +542,7 @@ class Simulation:
             "samples_per_second": self.samples_trained / self.wall_seconds if self.wall_seconds else None,
             "uplink_bytes": self.uplink_bytes,
             "downlink_bytes": self.downlink_bytes,
+            "downlink_bytes_broadcast": self.downlink_bytes_broadcast,
             "comm_rounds": self.comm_rounds,
             "executor": self.executor.name,
             "executor_note": self.executor_note,

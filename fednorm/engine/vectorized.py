@@ -32,7 +32,7 @@ from ..data.federated import FederatedData
 from ..data.transforms import apply_crop_flip, draw_crop_flip
 from ..errors import ConfigError, DivergenceError
 from ..methods.base import ClientUpdates, Method
-from ..nn.comm import ClientComm, LocalClientComm
+from ..nn.comm import ClientComm, CommTraffic, LocalClientComm
 from ..nn.stacked import NotStackableError, set_client_comm, set_frozen_statistics, stack_model, to_client_layout
 from .bank import ClientStateBank
 from .executor import MOMENTUM_PREFIX, Executor
@@ -102,6 +102,11 @@ class VectorizedExecutor(Executor):
         # Where the other clients of a synchronised step are: this chunk only, or other processes too
         # (fednorm.distributed sets DistributedClientComm).
         self.comm_factory: Callable[[], ClientComm] = LocalClientComm
+        # All clients of the round when this executor trains only some of them (the distributed
+        # runtime sets it): the synchronised step weights its clients by the whole round's batches.
+        self.round_clients: list[int] | None = None
+        # What the last round's synchronised steps exchanged, counted by its ClientComm.
+        self.last_traffic = CommTraffic()
         # Verify once with two clients: the check does not depend on K.
         example = data.train_x[: min(4, len(data.train_x))]
         if len(example) < 2:
@@ -121,6 +126,7 @@ class VectorizedExecutor(Executor):
     ) -> ClientUpdates:
         parts = []
         self.last_samples_seen = 0
+        self.last_traffic = CommTraffic()
         if self.method.requires_lockstep and len(client_ids) > self.max_clients:
             raise ConfigError(
                 f"method '{self.method.name}' synchronises all {len(client_ids)} clients of a round in one "
@@ -162,11 +168,7 @@ class VectorizedExecutor(Executor):
         gens = [torch_generator(self.seed, "batches", server_round, c) for c in client_ids]
         indices = [data.client_train[c] for c in client_ids]
         sizes = [len(ix) for ix in indices]
-        plans = [
-            batch_plan(n, spec.batch_size, epochs=spec.epochs, steps=1 if spec.dsgd else spec.steps,
-                       drop_last=spec.drop_last, generator=g)
-            for n, g in zip(sizes, gens)
-        ]
+        plans = [self._batch_plan(n, g) for n, g in zip(sizes, gens)]
         torch.manual_seed(derive_seed(self.seed, "module-rng-vectorized", server_round, client_ids[0]))
 
         full_momentum: dict[str, torch.Tensor | None] = {n: None for n in full_params}
@@ -266,6 +268,7 @@ class VectorizedExecutor(Executor):
             started[:] = True
         set_client_comm(net, None)
         set_frozen_statistics(net, False)
+        self.last_traffic += self.comm.traffic
         write_back()
 
         seen_t = torch.tensor(seen, dtype=torch.int64)
@@ -295,8 +298,8 @@ class VectorizedExecutor(Executor):
         ys = [y for _, y in batches]
         def forward(x):
             return net(x) if on_net else functional_call(net, {**params, **buffers, **frozen_now}, (x,))
-        remote = None if isinstance(self.comm, LocalClientComm) else self.comm
-        losses, total, p = synced_loss(forward, net, xs, ys, channels_last=self.spec.channels_last, comm=remote)
+        losses, total, p = synced_loss(forward, net, xs, ys, channels_last=self.spec.channels_last,
+                                       total_batch=self._round_batch(t))
         if not torch.isfinite(losses).all():
             bad = rows[int((~torch.isfinite(losses)).nonzero()[0])]
             raise DivergenceError(
@@ -311,6 +314,24 @@ class VectorizedExecutor(Executor):
             steps[i] += 1
         self._sgd_step(params, momentum, started, list(range(len(rows))), lr)
         started[:] = True
+
+    def _round_batch(self, t: int) -> int | None:
+        """Samples at local step ``t`` over all of :attr:`round_clients` (``None`` when this
+        executor trains the whole round). Batch sizes follow from the dataset sizes and the
+        batch plan alone (the generator only picks which samples), so every process computes
+        the same total without an exchange."""
+        if self.round_clients is None:
+            return None
+        total = 0
+        for c in self.round_clients:
+            plan = self._batch_plan(len(self.data.client_train[c]), torch.Generator())
+            total += len(plan[t]) if t < len(plan) else 0
+        return total
+
+    def _batch_plan(self, num_samples: int, generator: torch.Generator) -> list[torch.Tensor]:
+        spec = self.spec
+        return batch_plan(num_samples, spec.batch_size, epochs=spec.epochs, steps=1 if spec.dsgd else spec.steps,
+                          drop_last=spec.drop_last, generator=generator)
 
     def _gather_samples(self, members, plans, indices, gens, t):
         """The step-``t`` samples of clients ``members``, concatenated, augmented from each

@@ -15,12 +15,17 @@ model whose BN layers reduce over the client axis through the engine's
 of a residual network's BN layers (spec A5) is therefore automatic, and the same layer code
 runs over ``torch.distributed`` once the reduction is a collective.
 
+Communication is counted where it happens, not derived: the layer-wise exchanges by the
+``ClientComm`` of the synchronised step (two per BN layer forward, one backward: 3L + 1 per
+round with the model exchange, the paper's count), the model exchange by the simulator.
+
 Choices where the paper is silent (spec §8), all documented in docs/fedtan.md:
 
 - A1: statistics are aggregated with count weights ``B_i / ΣB`` (exactly the union's); Eq. 7
   uses the FedAvg weights ``|D_i| / |D|``. They coincide in every paper experiment.
-- A2: the variance→mean path is kept by autograd; its global sum is zero, so the result equals
-  the paper's direct partial (tested against centralized BN to ~1e-12).
+- A2: each client uploads the direct partial ``∇μ`` (the variance→mean path, whose sum over
+  clients is zero, is left out, as in the released code): exact, tested against centralized BN
+  to ~1e-12.
 - A3: the synchronised step's running variance is unbiased with the union count
   ``n/(n−1)`` (what centralized BN on the union batch does).
 - A4: the client optimiser is re-created after step 1, as the released code does
@@ -77,7 +82,6 @@ class FedTAN(FedAvg):
             raise ConfigError(f"fedtan: freeze_after must be a non-negative integer or null, got {freeze_after!r}")
         self.freeze_after = None if freeze_after is None else int(freeze_after)
         self.reset_momentum = bool(reset_momentum)
-        self._round = 0
         self._layers: list[nn.Module] = []
 
     def setup(self, model: nn.Module) -> None:
@@ -109,38 +113,11 @@ class FedTAN(FedAvg):
         return self.frozen(server_round)
 
     # -- server -------------------------------------------------------------------------------
-    def configure_round(self, server_round: int, client_ids: list[int]) -> None:
-        self._round = server_round
-
     def aggregate(self, server_round: int, global_state: dict[str, torch.Tensor], updates: ClientUpdates) -> dict[str, torch.Tensor]:
         new = super().aggregate(server_round, global_state, updates)
         if self.frozen(server_round):  # statistics stay exactly S̄_M (no float drift from averaging copies)
             new.update({k: global_state[k].clone() for k in self._buffer_keys if k in new})
         return new
-
-    # -- communication (spec §3.4) ------------------------------------------------------------
-    def statistics_floats(self) -> int:
-        """Σ_ℓ 2·C_ℓ: one mean and one variance per channel of every BN layer."""
-        return sum(2 * m.num_features for m in self._layers)
-
-    def comm_rounds_per_round(self, model: nn.Module) -> int:
-        if self.synced_steps(self._round) == 0:
-            return 1
-        per_layer = 3 if self.backward_sync else 2  # mean, variance (, their gradients)
-        return per_layer * len(self._layers) + 1
-
-    def extra_bytes_per_client(self, model: nn.Module) -> tuple[int, int]:
-        if self.synced_steps(self._round) == 0:
-            return 0, 0
-        item = next((p.element_size() for p in model.parameters()), 4)
-        floats = self.statistics_floats() * (2 if self.backward_sync else 1)
-        return floats * item, floats * item
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"round": self._round}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._round = int(state.get("round", 0))
 
     def hparams(self) -> dict[str, Any]:
         return {"freeze_after": self.freeze_after, "reset_momentum": self.reset_momentum, **super().hparams()}

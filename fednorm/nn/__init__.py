@@ -6,7 +6,7 @@ methods' own layers as they are registered); ``convert_norm`` swaps a model's Ba
 pools cross-client statistics exactly and normalises across clients through a ``ClientComm``.
 """
 
-from .comm import ClientComm, LocalClientComm
+from .comm import ClientComm, CommTraffic, LocalClientComm
 from .functional import channel_stats, cross_client_batch_norm, pooled_stats
 from .norms import NORMS, convert_norm, get_norm_layer, is_batch_norm, list_norms, norm_modules, register_norm
 from .state import batch_norm_keys, floating_keys, state_keys
@@ -34,6 +34,7 @@ from .ln_variants import ScaleNorm, Shift, norm_placement  # registers ln_static
 
 __all__ = [
     "ClientComm",
+    "CommTraffic",
     "LocalClientComm",
     "channel_stats",
     "cross_client_batch_norm",

@@ -58,32 +58,35 @@ def cross_client_batch_norm(
     """Batch-normalise every client's batch with statistics aggregated over all clients.
 
     FedTAN's synchronised step (spec/001_fedtan.md §3.2, Algorithm 2): the global mean is the
-    p-weighted sum of client means, then each client's variance *around the global mean* is
-    p-weighted and summed. With ``p_i = B_i / ΣB`` (the default) these are exactly the
-    statistics of the union batch, so each client's output equals centralized BatchNorm on the
-    union batch restricted to its rows. Every step is a differentiable ``comm.sum``, so autograd
-    aggregates the gradients with respect to mean and variance in the backward pass (FedTAN's
-    Algorithm 3) with no extra code.
+    p-weighted sum of client means (one exchange), then each client's variance *around the
+    global mean* is p-weighted and summed (a second). With ``p_i = B_i / ΣB`` (the default)
+    these are exactly the statistics of the union batch, so each client's output equals
+    centralized BatchNorm on the union batch restricted to its rows. In the backward pass the
+    clients' gradients with respect to the mean and the variance are summed together in one
+    exchange (Algorithm 3, Eq. 41), so a layer costs the paper's three exchanges.
 
     Args:
         xs: one ``B_i × C × ...`` tensor per client (batch sizes may differ).
         weight, bias: shared affine parameters ``[C]`` (optional).
-        client_weights: ``p_i`` (default: proportional to the number of normalised values).
+        client_weights: ``p_i``, summing to one over all clients (default: proportional to
+            the number of normalised values here; pass them when ``comm`` spans processes).
         eps: added to the variance.
-        comm: the cross-client reduction (default: in-process).
+        comm: the cross-client exchange (default: in-process); it counts the traffic.
     """
     comm = comm or LocalClientComm()
     counts = torch.stack([torch.tensor(float(x.numel() // x.shape[1]), dtype=x.dtype, device=x.device) for x in xs])
-    p = counts / counts.sum() if client_weights is None else client_weights.to(xs[0].dtype)
+    p = (counts / counts.sum() if client_weights is None else client_weights.to(xs[0].dtype)).unsqueeze(-1)
+    c = xs[0].shape[1]
     means = torch.stack([x.mean(dim=_reduce_dims(x)) for x in xs])
-    mu = comm.sum(p.unsqueeze(-1) * means)
+    mu = comm.reduce(p * means)
     shape = [1, -1] + [1] * (xs[0].dim() - 2)
+    # around the global mean, a constant here: its gradient path sums to zero over clients (spec A2)
     dev = torch.stack([((x - mu.view(shape)) ** 2).mean(dim=_reduce_dims(x)) for x in xs])
-    var = comm.sum(p.unsqueeze(-1) * dev)
-    inv = torch.rsqrt(var + eps).view(shape)
+    var = comm.reduce(p * dev)
+    stats = comm.shared(torch.cat([p * means, p * dev], dim=-1), torch.cat([mu, var]))  # [K, 2C]
     outs = []
-    for x in xs:
-        y = (x - mu.view(shape)) * inv
+    for i, x in enumerate(xs):
+        y = (x - stats[i, :c].view(shape)) * torch.rsqrt(stats[i, c:] + eps).view(shape)
         if weight is not None:
             y = y * weight.view(shape)
         if bias is not None:

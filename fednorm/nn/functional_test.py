@@ -54,7 +54,10 @@ def test_cross_client_bn_forward_and_gradients_equal_centralized_bn_on_union():
     torch.testing.assert_close(torch.cat(grads[:3]), gx, rtol=1e-11, atol=1e-13)
     torch.testing.assert_close(grads[3], gw, rtol=1e-11, atol=1e-13)
     torch.testing.assert_close(grads[4], gb, rtol=1e-11, atol=1e-13)
-    assert comm.num_reductions == 2  # mean, then variance around the global mean
+    # the mean, then the variance around it; backward: both statistics' gradients together
+    assert comm.traffic.exchanges == 3
+    assert comm.traffic.uplink_bytes == 3 * (3 + 3 + 2 * 3) * 8  # 3 clients, C = 3, float64
+    assert comm.traffic.broadcast_bytes == (3 + 3 + 2 * 3) * 8
 
 
 def test_cross_client_bn_differs_from_local_bn_under_shift():

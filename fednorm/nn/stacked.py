@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .comm import ClientComm
+from .comm import ClientComm, LocalClientComm
 
 __all__ = [
     "NotStackableError",
@@ -82,15 +82,21 @@ def set_client_comm(model: nn.Module, comm: ClientComm | None, *, backward: bool
     return model
 
 
-def set_row_mask(model: nn.Module, mask: torch.Tensor | None) -> nn.Module:
+def set_row_mask(model: nn.Module, mask: torch.Tensor | None, *, total_rows: int | None = None) -> nn.Module:
     """Mark which rows of each client's (padded) batch are real: ``mask`` is ``[B, K]`` bool.
 
     Synchronised BatchNorm then leaves padded rows out of every statistic, so clients with
     different batch sizes can share one stacked forward pass exactly.
+
+    ``total_rows`` is the number of real rows over *every* participating client, these and
+    those elsewhere (other processes); ``None``: the real rows here. The count weights
+    ``B_i/ΣB`` need ``ΣB``; like the paper's weights ``p_i`` it is known to every party in
+    advance, so it costs no exchange.
     """
     for m in model.modules():
         if isinstance(m, StackedBatchNorm):
             m.row_mask = mask
+            m.total_rows = total_rows
     return model
 
 
@@ -158,11 +164,12 @@ class StackedBatchNorm(nn.Module):
 
     With a :class:`~fednorm.nn.comm.ClientComm` in ``comm`` (see :func:`set_client_comm`), training
     batches are instead normalised with statistics pooled over *all* clients: the count-weighted
-    mean, then the count-weighted variance around that mean, each one ``comm.sum`` over the
-    client axis — FedTAN's synchronised step (spec/001_fedtan.md §3.2). Every client's output is
-    then centralized BatchNorm on the union batch restricted to its rows, and autograd carries the
-    gradients of the pooled mean and variance back across clients (Algorithm 3). Each client's
-    running statistics are updated with the pooled batch statistics.
+    mean, then the count-weighted variance around that mean, each one exchange over the client
+    axis — FedTAN's synchronised step (spec/001_fedtan.md §3.2, Algorithm 2). Every client's
+    output is then centralized BatchNorm on the union batch restricted to its rows. In the
+    backward pass the gradients of the pooled mean and variance travel back across clients
+    together, in one exchange (Algorithm 3), so a layer costs the paper's three exchanges.
+    Each client's running statistics are updated with the pooled batch statistics.
     """
 
     def __init__(self, bn: nn.modules.batchnorm._BatchNorm, num_clients: int) -> None:
@@ -182,6 +189,7 @@ class StackedBatchNorm(nn.Module):
         self.comm: ClientComm | None = None
         self.sync_backward = True
         self.row_mask: torch.Tensor | None = None
+        self.total_rows: int | None = None
         self.frozen = False
 
     def _affine(self, y: torch.Tensor, k: int) -> torch.Tensor:
@@ -193,6 +201,7 @@ class StackedBatchNorm(nn.Module):
         return y
 
     def _synced(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.comm is not None
         b, kc = x.shape[:2]
         c = self.num_features
         k = kc // c
@@ -201,40 +210,47 @@ class StackedBatchNorm(nn.Module):
         spatial = float(xv[0, 0, 0].numel())
         if self.row_mask is None:
             m = None
-            counts = torch.full((k,), b * spatial, dtype=x.dtype, device=x.device)
+            rows = torch.full((k,), float(b), dtype=x.dtype, device=x.device)
         else:
             if self.row_mask.shape != (b, k):
                 raise ValueError(f"row mask has shape {tuple(self.row_mask.shape)}, expected {(b, k)}")
             m = self.row_mask.to(x.dtype).view(b, k, 1, *([1] * (xv.dim() - 3)))
-            counts = self.row_mask.to(x.dtype).sum(dim=0) * spatial
+            rows = self.row_mask.to(x.dtype).sum(dim=0)
+        counts = rows * spatial
 
         def client_mean(t: torch.Tensor) -> torch.Tensor:  # [K, C], over each client's real values
             s = t.sum(dim=dims) if m is None else (t * m).sum(dim=dims)
             return s / counts.unsqueeze(-1)
 
-        total = self.comm.sum(counts)
+        if self.total_rows is None and not isinstance(self.comm, LocalClientComm):
+            raise ValueError("synchronised BatchNorm with clients elsewhere needs the step's total batch size "
+                             "(set_row_mask(..., total_rows=...); synced_loss(..., total_batch=...))")
+        total = (float(rows.sum()) if self.total_rows is None else float(self.total_rows)) * spatial
         p = (counts / total).unsqueeze(-1)  # [K, 1]: count weights make the pooled statistics exact
         shape = [1, 1, c] + [1] * (xv.dim() - 3)
         cshape = [1, k, c] + [1] * (xv.dim() - 3)
         local_mean = client_mean(xv)
-        mean = self.comm.sum(p * local_mean)  # [C], the union mean
+        mean = self.comm.reduce(p * local_mean)  # exchange 1: [C], the union mean
+        # around the union mean, a constant here: ∂σ²/∂μ̄ sums to zero over clients (spec A2)
+        local_var = client_mean((xv - mean.view(shape)) ** 2)
+        var = self.comm.reduce(p * local_var)  # exchange 2: the biased union variance
         if self.sync_backward:
-            var = self.comm.sum(p * client_mean((xv - mean.view(shape)) ** 2))  # biased union variance
-            y = (xv - mean.view(shape)) * torch.rsqrt(var + self.eps).view(shape)
+            # Each client's copy of (μ̄, σ̄²), differentiable as the p-weighted sums: the
+            # backward pass sums the clients' (∇μ, ∇σ²) in one exchange (exchange 3, Eq. 41).
+            stats = self.comm.shared(torch.cat([p * local_mean, p * local_var], dim=-1), torch.cat([mean, var]))
+            mean_k, var_k = stats[:, :c], stats[:, c:]
         else:
             # Values of the union statistics, gradients of each client's own: the mean acts as the
             # local mean, the variance as the local variance around the (constant) union mean.
-            eff_mean = local_mean + (mean - local_mean).detach()  # [K, C]
-            local_var = client_mean((xv - mean.detach().view(shape)) ** 2)
-            var = self.comm.sum(p * local_var).detach()
-            eff_var = local_var + (var.unsqueeze(0) - local_var).detach()
-            y = (xv - eff_mean.view(cshape)) * torch.rsqrt(eff_var + self.eps).view(cshape)
+            mean_k = local_mean + (mean - local_mean).detach()  # [K, C]
+            var_k = local_var + (var.unsqueeze(0) - local_var).detach()
+        y = (xv - mean_k.view(cshape)) * torch.rsqrt(var_k + self.eps).view(cshape)
         y = self._affine(y, k)
         if self.running_mean is not None:
             with torch.no_grad():
-                n = float(total)
-                unbiased = var.detach() * (n / max(n - 1.0, 1.0))
-                self.running_mean.mul_(1 - self.momentum).add_(self.momentum * mean.detach())
+                n = total
+                unbiased = var * (n / max(n - 1.0, 1.0))
+                self.running_mean.mul_(1 - self.momentum).add_(self.momentum * mean)
                 self.running_var.mul_(1 - self.momentum).add_(self.momentum * unbiased)
         return y.reshape(x.shape)
 

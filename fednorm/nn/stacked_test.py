@@ -124,7 +124,12 @@ def test_synced_stacked_bn_gives_centralized_forward_and_gradient_on_the_union_b
     sp = dict(stacked.named_parameters())
     for name, param in central.named_parameters():
         torch.testing.assert_close(sp[name].grad.sum(0), param.grad, rtol=1e-9, atol=1e-12, msg=lambda m: f"{name}: {m}")
-    assert comm.num_reductions == 3 * 3  # three BN layers: count, mean, variance
+    # per BN layer: the mean, the variance around it, then both gradients together (3L, the paper's)
+    bn = [m for m in central.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert comm.traffic.exchanges == 3 * len(bn) == 9
+    # each client uploads 2C statistics and 2C gradients per layer (float64); one broadcast each
+    assert comm.traffic.uplink_bytes == k * sum(4 * m.num_features for m in bn) * 8
+    assert comm.traffic.broadcast_bytes == sum(4 * m.num_features for m in bn) * 8
     # every client's running statistics followed the pooled (union) statistics
     buffers = dict(stacked.named_buffers())
     for name, buf in central.named_buffers():
