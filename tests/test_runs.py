@@ -90,3 +90,19 @@ def test_compare_writes_table_and_plot(tmp_path):
     assert a is b
     for r in res.results.values():
         assert not math.isnan(r.summary["final_test_accuracy"])
+
+
+def test_the_first_command_shows_batchnorm_failing(tmp_path):
+    """Issue 17.8: `fednorm compare` with no arguments must show the failure the library fixes.
+    Its setting (label skew at batch 4) puts FedAvg with averaged BatchNorm statistics below a
+    batch-free norm (here FN, the LN paper's fix), and the headline says so."""
+    from fednorm.cli.main import QUICKSTART
+
+    res = api.compare(QUICKSTART, variants=[{"method": "fedavg", "norm": "bn"}, {"method": "fedavg", "norm": "fn"}],
+                      threads=1, checkpoint_every=0, out=tmp_path / "cmp", progress=False)
+    bn, fn = (res.results[k].summary["final_test_accuracy"] for k in ("fedavg+bn", "fedavg+fn"))
+    assert fn > bn + 0.03
+    assert res.headline().startswith(f"FedAvg with averaged BatchNorm statistics reaches {100 * bn:.1f}%; 1 of 1")
+    assert "| fedavg+fn | global |" in (tmp_path / "cmp" / "results.md").read_text()
+    defaults = {(v["method"], v["norm"]) for v in api.DEFAULT_VARIANTS}
+    assert {("fedbn", "bn"), ("hbn", "hbn"), ("fbn", "fbn"), ("fedtan", "bn"), ("fedavg", "fn"), ("fedavg", "gn")} <= defaults
