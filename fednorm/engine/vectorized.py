@@ -31,11 +31,18 @@ from torch.func import functional_call
 from ..data.federated import FederatedData
 from ..data.transforms import apply_crop_flip, draw_crop_flip
 from ..errors import ConfigError, DivergenceError
-from ..methods.base import ClientUpdates, Method
+from ..methods.base import ClientUpdates, Method, StackedClientContext, stack_rows
 from ..nn.comm import ClientComm, CommTraffic, LocalClientComm
-from ..nn.stacked import NotStackableError, set_client_comm, set_frozen_statistics, stack_model, to_client_layout
+from ..nn.stacked import (
+    NotStackableError,
+    set_client_comm,
+    set_forward_clients,
+    set_frozen_statistics,
+    stack_model,
+    to_client_layout,
+)
 from .bank import ClientStateBank
-from .executor import MOMENTUM_PREFIX, Executor
+from .executor import MOMENTUM_PREFIX, Executor, stack_uploads
 from .local import LocalSpec, batch_plan
 from .lockstep import scale_client_grads, synced_loss
 from .rng import derive_seed, torch_generator
@@ -46,19 +53,24 @@ __all__ = ["VectorizedExecutor", "vectorization_blockers"]
 def vectorization_blockers(method: Method) -> list[str]:
     """Reasons why a method cannot run vectorized (empty when it can).
 
-    Client-side hooks act on one client's model, which a stacked model does not have; a method
-    that overrides them runs on the sequential executor.
+    Client-side hooks act on one client's model, which a stacked model does not have: a method
+    that overrides ``client_begin``/``client_end`` runs vectorized only when it also gives their
+    stacked form (``stacked_client_begin``/``stacked_client_end``, acting on the stacked model);
+    ``client_loss`` has none yet. Otherwise it runs on the sequential executor.
     """
     def overrides(m: Method, hook: str) -> bool:
         return getattr(type(m), hook) is not getattr(Method, hook)
 
     reasons = []
     inner = getattr(method, "inner", None)  # a method composed with client/server optimizers
-    for hook in ("client_begin", "client_end", "client_loss"):
-        if not overrides(method, hook):
+    for hook, stacked in (("client_begin", "stacked_client_begin"), ("client_end", "stacked_client_end"),
+                          ("client_loss", None)):
+        if not overrides(method, hook) or (stacked is not None and overrides(method, stacked)):
             continue
-        if inner is not None and not overrides(inner, hook):
+        if inner is not None and (not overrides(inner, hook) or (stacked is not None and overrides(inner, stacked))):
             reasons.append(f"client optimizer '{method.client_opt.name}' uses {hook}")
+        elif stacked is not None:
+            reasons.append(f"method '{method.name}' overrides {hook} without a stacked form ({stacked})")
         else:
             reasons.append(f"method '{method.name}' overrides {hook}")
     return reasons
@@ -142,6 +154,8 @@ class VectorizedExecutor(Executor):
             num_examples=torch.cat([p.num_examples for p in parts]),
             train_loss=torch.cat([p.train_loss for p in parts]),
             num_steps=torch.cat([p.num_steps for p in parts]),
+            # per-client uploads, re-padded over the whole round (chunks may differ in steps)
+            extras={k: stack_rows([row for p in parts for row in p.extras[k].unbind(0)]) for k in parts[0].extras},
         )
 
     def _run_chunk(
@@ -206,6 +220,12 @@ class VectorizedExecutor(Executor):
         num_steps_max = max((len(p) for p in plans), default=0)
         synced = method.synced_steps(server_round) if method.requires_lockstep else 0
         set_frozen_statistics(net, method.frozen_statistics(server_round))
+        ctx = StackedClientContext(
+            server_round=server_round, client_ids=list(client_ids), model=net,
+            x=[data.train_x.index_select(0, ix) for ix in indices], y=[data.train_y.index_select(0, ix) for ix in indices],
+            global_state=global_state, local_states=locals_, lr=lr,
+        )
+        method.stacked_client_begin(ctx)
         self.comm = self.comm_factory()
         for t in range(num_steps_max):
             if t < synced:
@@ -239,6 +259,7 @@ class VectorizedExecutor(Executor):
             total = None
             for bsz, members in groups.items():
                 x, y = self._gather([rows[j] for j in members], plans, indices, gens, t)
+                set_forward_clients(net, torch.tensor([rows[j] for j in members]))
                 if len(members) == kw:
                     logits = net(x) if on_net else functional_call(net, {**params, **buffers, **frozen_now}, (x,))
                 else:
@@ -268,8 +289,10 @@ class VectorizedExecutor(Executor):
             started[:] = True
         set_client_comm(net, None)
         set_frozen_statistics(net, False)
+        set_forward_clients(net, None)
         self.last_traffic += self.comm.traffic
         write_back()
+        method.stacked_client_end(ctx)
 
         seen_t = torch.tensor(seen, dtype=torch.int64)
         self.last_samples_seen += int(seen_t.sum())
@@ -287,6 +310,7 @@ class VectorizedExecutor(Executor):
             num_examples=torch.tensor(sizes, dtype=torch.float64),
             train_loss=torch.where(seen_t > 0, loss_sum / seen_t.clamp(min=1), torch.full_like(loss_sum, float("nan"))),
             num_steps=torch.tensor(steps, dtype=torch.int64),
+            extras=stack_uploads(ctx.uploads, list(client_ids)),
         )
 
     def _synced_step(self, net, params, buffers, frozen_now, rows, on_net, plans, indices, gens, t,
@@ -294,6 +318,7 @@ class VectorizedExecutor(Executor):
         """One local step of the working set with BatchNorm synchronised across clients (see
         :mod:`fednorm.engine.lockstep`); batch sizes may differ."""
         batches = [self._gather_samples([i], plans, indices, gens, t) for i in rows]
+        set_forward_clients(net, torch.tensor(rows))
         xs = [x for x, _ in batches]
         ys = [y for _, y in batches]
         def forward(x):

@@ -18,7 +18,7 @@ from torch import nn
 from ..errors import InconsistentUpdateError
 from ..nn.state import state_keys
 
-__all__ = ["ClientContext", "ClientUpdates", "Method", "stack_rows", "weighted_average"]
+__all__ = ["ClientContext", "ClientUpdates", "Method", "StackedClientContext", "stack_rows", "weighted_average"]
 
 
 @dataclass
@@ -56,6 +56,49 @@ class ClientContext:
     @property
     def num_examples(self) -> int:
         return len(self.x)
+
+
+@dataclass
+class StackedClientContext:
+    """A chunk of a round's clients as the vectorized executor holds them: one stacked model
+    (:mod:`fednorm.nn.stacked`, every tensor ``[K, ...]``, activations client-concatenated),
+    handed to the method's stacked client hooks (:meth:`Method.stacked_client_begin`,
+    :meth:`Method.stacked_client_end`). Position ``i`` of every list is client ``client_ids[i]``,
+    row ``i`` of every stacked tensor.
+
+    Attributes:
+        server_round: the round (1-based).
+        client_ids: the chunk's clients (K of them).
+        model: the stacked model, loaded with the global shared tensors and each client's
+            local ones; hooks may run it or change it (e.g. attach recorders to its layers).
+            During training each forward pass runs the clients that still have a batch; the
+            executor tells the stacked norm layers which rows those are
+            (:func:`~fednorm.nn.stacked.set_forward_clients`).
+        x, y: each client's training samples.
+        global_state: the downloaded global state (read-only).
+        local_states: each client's persistent state from the bank (mutable, as
+            :attr:`ClientContext.local_state`).
+        uploads: each client's tensors sent besides the shared weights, exactly what the
+            sequential hooks would put in :attr:`ClientContext.uploads`.
+        lr: this round's learning rate.
+    """
+
+    server_round: int
+    client_ids: list[int]
+    model: nn.Module
+    x: list[torch.Tensor]
+    y: list[torch.Tensor]
+    global_state: dict[str, torch.Tensor]
+    local_states: list[dict[str, torch.Tensor]]
+    uploads: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    lr: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.uploads:
+            self.uploads = [{} for _ in self.client_ids]
+
+    def __len__(self) -> int:
+        return len(self.client_ids)
 
 
 @dataclass
@@ -224,6 +267,17 @@ class Method:
 
     def client_end(self, ctx: ClientContext) -> None:
         """After local training: e.g. SCAFFOLD's control-variate update (default: nothing)."""
+
+    # -- the same hooks in the client dimension (vectorized executor) ---------------------------
+    def stacked_client_begin(self, ctx: StackedClientContext) -> None:
+        """:meth:`client_begin` for a chunk of clients held in one stacked model (default:
+        nothing). A method that overrides :meth:`client_begin` runs on the vectorized executor
+        only if it overrides this too, with the same effect on every client."""
+
+    def stacked_client_end(self, ctx: StackedClientContext) -> None:
+        """:meth:`client_end` for a chunk of clients held in one stacked model (default:
+        nothing); the per-client uploads go to ``ctx.uploads[i]``. A method that overrides
+        :meth:`client_end` runs on the vectorized executor only if it overrides this too."""
 
     def client_query(self, query: str, ctx: ClientContext) -> dict[str, torch.Tensor]:
         """Answer a named server query on a client's model outside training (the engine's

@@ -68,7 +68,8 @@ from ..nn.fbn import (
     recording_fbn_statistics,
 )
 from ..nn.functional import pooled_stats
-from .base import ClientContext, ClientUpdates
+from ..nn.stacked import attach_stacked_fbn_recorders, detach_stacked_fbn_recorders
+from .base import ClientContext, ClientUpdates, StackedClientContext
 from .fedavg import FedAvg, aggregate_group
 from .registry import register_method
 
@@ -170,6 +171,28 @@ class FBN(FedAvg):
         for name in self.layers:
             ctx.uploads.update(self.local_copies(name, records.get(name, []), ctx.global_state))
 
+    def stacked_client_begin(self, ctx: StackedClientContext) -> None:
+        """:meth:`client_begin` for a stacked chunk: every client's layers record its batches."""
+        self._records = attach_stacked_fbn_recorders(ctx.model)
+
+    def stacked_client_end(self, ctx: StackedClientContext) -> None:
+        """:meth:`client_end` for a stacked chunk: each client's steps, picked out of the passes
+        it took part in (in order), give exactly the upload the sequential hooks produce."""
+        records, self._records = self._records, {}
+        detach_stacked_fbn_recorders(ctx.model)
+        for name in self.layers:
+            rows = records.get(name, [])
+            if rows:
+                clients, counts, means, variances = (torch.cat(col) for col in zip(*rows))
+            for i in range(len(ctx)):
+                if not rows:
+                    ctx.uploads[i].update(self.local_copies(name, [], ctx.global_state))
+                    continue
+                sel = (clients == i).nonzero().squeeze(1)
+                ctx.uploads[i].update(self._copies(
+                    name, counts.index_select(0, sel), means.index_select(0, sel), variances.index_select(0, sel), ctx.global_state
+                ))
+
     def local_copies(
         self, name: str, steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], global_state: dict[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
@@ -179,18 +202,28 @@ class FBN(FedAvg):
         statistics. ``literal``: steps 5–6 chained over the E steps (E' = 1; the count is the mean
         per-step count). Variances use biased batch variances (the server unbiases).
         """
+        if not steps:
+            c = global_state[f"{name}.running_mean"].numel()
+            empty = torch.zeros(0, c, dtype=torch.float64)
+            return self._copies(name, torch.zeros(0, dtype=torch.float64), empty, empty, global_state)
+        counts, means, variances = (torch.stack(col) for col in zip(*steps))
+        return self._copies(name, counts, means, variances, global_state)
+
+    def _copies(
+        self, name: str, counts: torch.Tensor, means: torch.Tensor, variances: torch.Tensor, global_state: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`local_copies` from the steps' ``counts [E]``, batch ``means``/biased ``variances`` ``[E, C]``."""
         beta = self.momenta[name]
         mu0 = global_state[f"{name}.running_mean"].double()
         var0 = global_state[f"{name}.running_var"].double()
-        if not steps:  # no local step (empty client): count 0, ignored by the server
+        if len(counts) == 0:  # no local step (empty client): count 0, ignored by the server
             return {f"fbn.{name}.count": torch.zeros(1, dtype=torch.float64),
                     f"fbn.{name}.mean": mu0.unsqueeze(0).clone(), f"fbn.{name}.var": var0.unsqueeze(0).clone()}
-        counts = torch.stack([s[0] for s in steps])
         if self.mode == "exact":
-            means, variances = zip(*(fbn_local_update(mu0, var0, m, v, beta) for _, m, v in steps))
-            return {f"fbn.{name}.count": counts, f"fbn.{name}.mean": torch.stack(means), f"fbn.{name}.var": torch.stack(variances)}
+            mean, var = fbn_local_update(mu0, var0, means, variances, beta)  # every step from the round-start statistics
+            return {f"fbn.{name}.count": counts, f"fbn.{name}.mean": mean, f"fbn.{name}.var": var}
         mean, var = mu0, var0
-        for _, m, v in steps:
+        for m, v in zip(means, variances):
             mean, var = fbn_local_update(mean, var, m, v, beta)
         return {f"fbn.{name}.count": counts.mean().reshape(1), f"fbn.{name}.mean": mean.unsqueeze(0), f"fbn.{name}.var": var.unsqueeze(0)}
 

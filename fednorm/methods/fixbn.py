@@ -18,7 +18,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import ConfigError
 from ..nn.state import state_keys
-from .base import ClientContext, ClientUpdates
+from ..nn.stacked import set_frozen_statistics
+from .base import ClientContext, ClientUpdates, StackedClientContext
 from .fedavg import FedAvg
 from .registry import register_method
 
@@ -79,6 +80,14 @@ class FixBN(FedAvg):
 
     def client_end(self, ctx: ClientContext) -> None:
         self._training_frozen = False
+
+    def stacked_client_begin(self, ctx: StackedClientContext) -> None:
+        """Phase 2 on a stacked model: its BatchNorm normalises with the running statistics and
+        leaves them alone, as BN in eval mode does."""
+        set_frozen_statistics(ctx.model, self.is_frozen(ctx.server_round))
+
+    def stacked_client_end(self, ctx: StackedClientContext) -> None:
+        set_frozen_statistics(ctx.model, False)
 
     def aggregate(self, server_round: int, global_state: dict[str, torch.Tensor], updates: ClientUpdates) -> dict[str, torch.Tensor]:
         new = super().aggregate(server_round, global_state, updates)

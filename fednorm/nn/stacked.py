@@ -40,12 +40,16 @@ __all__ = [
     "StackedConv2d",
     "StackedLinear",
     "StackedBatchNorm",
+    "StackedFederatedBatchNorm",
     "StackedGroupNorm",
     "ClientPadShortcut",
     "stack_model",
     "set_client_comm",
     "set_row_mask",
     "set_frozen_statistics",
+    "set_forward_clients",
+    "attach_stacked_fbn_recorders",
+    "detach_stacked_fbn_recorders",
     "to_client_layout",
     "from_client_layout",
 ]
@@ -106,6 +110,18 @@ def set_frozen_statistics(model: nn.Module, frozen: bool) -> nn.Module:
     for m in model.modules():
         if isinstance(m, StackedBatchNorm):
             m.frozen = frozen
+    return model
+
+
+def set_forward_clients(model: nn.Module, clients: torch.Tensor | None) -> nn.Module:
+    """Tell the stacked norm layers which clients the rows of the next forward passes are:
+    ``clients[j]`` is the stacked-model row (client position) of the pass's j-th client (the
+    executor runs subsets of a chunk once clients run out of batches). Layers that record
+    per-client statistics (:class:`StackedFederatedBatchNorm`) tag them with it; ``None``: all
+    rows, in order."""
+    for m in model.modules():
+        if isinstance(m, StackedBatchNorm):
+            m.forward_clients = clients
     return model
 
 
@@ -191,6 +207,7 @@ class StackedBatchNorm(nn.Module):
         self.row_mask: torch.Tensor | None = None
         self.total_rows: int | None = None
         self.frozen = False
+        self.forward_clients: torch.Tensor | None = None
 
     def _affine(self, y: torch.Tensor, k: int) -> torch.Tensor:
         cshape = [1, k, self.num_features] + [1] * (y.dim() - 3)
@@ -287,6 +304,80 @@ class StackedBatchNorm(nn.Module):
         return f"clients={k}, num_features={self.num_features}, eps={self.eps}, momentum={self.momentum}"
 
 
+class StackedFederatedBatchNorm(StackedBatchNorm):
+    """K clients' FBN layers (:class:`~fednorm.nn.fbn.FederatedBatchNorm`): each client normalises
+    with its own row of the shared running statistics (``[K, C]`` buffers), in training as in
+    evaluation, so the forward is one ``F.batch_norm`` over ``K·C`` channels in eval mode.
+
+    Training mode adds what the FBN layer adds, per client: each client's batch
+    ``(count, mean, biased var)`` in float64; with a recorder attached
+    (:func:`attach_stacked_fbn_recorders`, the FBN method's stacked hooks) the buffers stay the
+    round-start statistics and every training forward appends
+    ``(clients [K'], count [K'], mean [K', C], var [K', C])``, ``clients`` being the rows this pass
+    ran (:func:`set_forward_clients`); without one each client applies steps 5–6 in place with
+    ``c = n/(n−1)``, as the single-participant layer does.
+    """
+
+    def __init__(self, bn: nn.modules.batchnorm._BatchNorm, num_clients: int) -> None:
+        super().__init__(bn, num_clients)
+        self.recorder: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.comm is not None or self.frozen:
+            raise NotStackableError("FBN layers normalise with the shared statistics; they do not synchronise or freeze")
+        c = self.num_features
+        k = x.shape[1] // c
+        if self.training:
+            b = x.shape[0]
+            spatial = x[0, 0].numel()
+            if b * spatial < 2:
+                raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(x.shape)}")
+            with torch.no_grad():
+                xv = x.detach().to(torch.float64).reshape(b, k, c, *x.shape[2:])
+                dims = [0] + list(range(3, xv.dim()))
+                mean = xv.mean(dim=dims)  # [K, C]
+                var = xv.var(dim=dims, unbiased=False)
+                count = torch.full((k,), float(b * spatial), dtype=torch.float64, device=x.device)
+                if self.recorder is not None:
+                    clients = self.forward_clients if self.forward_clients is not None else torch.arange(k)
+                    if len(clients) != k:
+                        raise ValueError(f"forward_clients names {len(clients)} clients, the pass has {k}")
+                    self.recorder.append((clients, count, mean, var))
+                else:
+                    from .fbn import fbn_local_update
+
+                    corr = (count / (count - 1)).unsqueeze(-1)
+                    new_mean, new_var = fbn_local_update(
+                        self.running_mean.double(), self.running_var.double(), mean, var, float(self.momentum), corr  # type: ignore[union-attr]
+                    )
+                    self.running_mean.copy_(new_mean)  # type: ignore[union-attr]
+                    self.running_var.copy_(new_var)  # type: ignore[union-attr]
+                self.num_batches_tracked.add_(1)  # type: ignore[union-attr]
+        return F.batch_norm(
+            x, self.running_mean.detach().view(-1), self.running_var.detach().view(-1),  # type: ignore[union-attr]
+            None if self.weight is None else self.weight.reshape(-1),
+            None if self.bias is None else self.bias.reshape(-1),
+            False, 0.0, self.eps,
+        )
+
+
+def attach_stacked_fbn_recorders(model: nn.Module) -> dict[str, list]:
+    """Attach a fresh recorder to every :class:`StackedFederatedBatchNorm` of a stacked model;
+    returns ``{layer_name: records}`` (the base model's layer names)."""
+    records: dict[str, list] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, StackedFederatedBatchNorm):
+            records[name] = m.recorder = []
+    return records
+
+
+def detach_stacked_fbn_recorders(model: nn.Module) -> None:
+    """Detach the recorders: the stacked FBN layers update their own statistics again."""
+    for m in model.modules():
+        if isinstance(m, StackedFederatedBatchNorm):
+            m.recorder = None
+
+
 class StackedGroupNorm(nn.Module):
     """K clients' ``GroupNorm(G, C)`` as ``GroupNorm(K·G, K·C)``; affine ``[K, C]``."""
 
@@ -354,6 +445,10 @@ def _convert(module: nn.Module, k: int) -> nn.Module:
         return StackedConv2d(module, k)
     if isinstance(module, nn.Linear):
         return StackedLinear(module, k)
+    from .fbn import FederatedBatchNorm
+
+    if isinstance(module, FederatedBatchNorm):
+        return StackedFederatedBatchNorm(module, k)
     if isinstance(module, nn.modules.batchnorm._BatchNorm):
         if type(module) not in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm):
             # A subclass (e.g. HBN) changes the forward; treating it as BN would be silently wrong.

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..methods.base import ClientContext, ClientUpdates, Method
+from ..methods.base import ClientContext, ClientUpdates, Method, StackedClientContext
 from ..methods.registry import get_method
 from .client import ClientOptimizer, NoClientOptimizer, get_client_optimizer
 from .server import NoServerOptimizer, ServerOptimizer, get_server_optimizer
@@ -81,6 +81,13 @@ class OptimizedMethod(Method):
     def _end(self, ctx: ClientContext) -> None:
         self.inner.client_end(ctx)
         self.client_opt.end(ctx)
+
+    # The wrapped method's stacked hooks, installed when the client optimizer adds no hook there.
+    def _stacked_begin(self, ctx: StackedClientContext) -> None:
+        self.inner.stacked_client_begin(ctx)
+
+    def _stacked_end(self, ctx: StackedClientContext) -> None:
+        self.inner.stacked_client_end(ctx)
 
     # -- server -----------------------------------------------------------------------------
     def configure_round(self, server_round: int, client_ids: list[int]) -> None:
@@ -210,6 +217,12 @@ def compose(
         ("client_end", OptimizedMethod._end, client_opt.uses_end),
     ):
         if used or _overrides(method, hook):
+            hooks[hook] = impl
+    for hook, impl, used in (
+        ("stacked_client_begin", OptimizedMethod._stacked_begin, client_opt.uses_begin),
+        ("stacked_client_end", OptimizedMethod._stacked_end, client_opt.uses_end),
+    ):
+        if not used and _overrides(method, hook):
             hooks[hook] = impl
     # The executors decide by the class's hooks (vectorization_blockers, has_client_loss), so
     # the composition is a class with exactly the hooks it needs.
