@@ -88,7 +88,9 @@ def test_hbn_layers_are_not_mistaken_for_plain_bn():
     import torch
 
     from fednorm.models import get_model
-    from fednorm.nn.stacked import NotStackableError, stack_model
+    from fednorm.nn.stacked import StackedBatchNorm, StackedHybridBatchNorm, stack_model
 
-    with pytest.raises(NotStackableError, match="HybridBatchNorm2d"):
-        stack_model(get_model("simple_cnn", in_channels=1, input_size=8, norm="hbn"), 2, example_input=torch.randn(2, 1, 8, 8))
+    # stack_model verifies the stacked forward against the HBN model's, train and eval mode
+    net = stack_model(get_model("simple_cnn", in_channels=1, input_size=8, norm="hbn"), 2, example_input=torch.randn(2, 1, 8, 8))
+    layers = [m for m in net.modules() if isinstance(m, StackedBatchNorm)]
+    assert layers and all(isinstance(m, StackedHybridBatchNorm) for m in layers)

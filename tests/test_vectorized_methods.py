@@ -15,6 +15,12 @@ CASES = {
     "fbn_literal": dict(method="fbn", norm="fbn", method_args={"mode": "literal"}),
     "robust_fbn": dict(method="fbn", norm="fbn", aggregator="median"),
     "fixbn": dict(method="fixbn", norm="bn", method_args={"switch_round": 1}),  # round 2 frozen
+    "hbn": dict(method="hbn", norm="hbn"),  # default preset: initial pass, debiased EMA, local alpha
+    # the released code's choices: alpha averaged, own alpha kept in the bank, hybrid uploads,
+    # statistics of the first 64 samples by class, augmented as training is
+    "hbn_reference_code": dict(method="hbn", norm="hbn", method_args={"preset": "reference-code"}, augment=True),
+    "hbn_paper_eval_mode": dict(method="hbn", norm="hbn",
+                                method_args={"preset": "paper", "stats_mode": "eval", "bessel_count": "elements"}),
 }
 
 
@@ -80,7 +86,7 @@ def test_fbn_uploads_equal_the_sequential_ones_padded_per_step():
     torch.testing.assert_close(a.num_steps, b.num_steps)
 
 
-@pytest.mark.parametrize("method, norm", [("fbn", "fbn"), ("fixbn", "bn")])
+@pytest.mark.parametrize("method, norm", [("fbn", "fbn"), ("fixbn", "bn"), ("hbn", "hbn")])
 def test_auto_picks_vectorized_for_methods_with_stacked_hooks(method, norm):
     args = {"switch_round": 1} if method == "fixbn" else {}
     sim = Simulation(ExperimentConfig(dataset="digits", num_clients=3, rounds=1, method=method, norm=norm,

@@ -42,9 +42,10 @@ from torch import nn
 from ..errors import ConfigError
 from ..nn.functional import pooled_stats
 from ..nn.hbn import HybridBatchNorm, collect_hbn_statistics
+from ..nn.stacked import collect_stacked_hbn_statistics
 from ..nn.state import state_keys
 from ..rng import torch_generator
-from .base import ClientContext, ClientUpdates
+from .base import ClientContext, ClientUpdates, StackedClientContext
 from .fedavg import FedAvg
 from .registry import register_method
 
@@ -216,12 +217,15 @@ class HBN(FedAvg):
         """The statistics pass's input for one client: :meth:`statistics_sample`, then, with
         ``stats_augment``, the run's training augmentation (seeded by ``phase``, round, client;
         the code's statistics loader draws fresh crops and flips on every pass)."""
-        x = self.statistics_sample(ctx.x, ctx.server_round, ctx.client_id, ctx.y)
+        return self._statistics_input(ctx.x, ctx.y, ctx.server_round, ctx.client_id, phase)
+
+    def _statistics_input(self, x: torch.Tensor, y: torch.Tensor, server_round: int, client_id: int, phase: str) -> torch.Tensor:
+        x = self.statistics_sample(x, server_round, client_id, y)
         padding = self.train_augmentation
         if self.stats_augment and padding is not None and x.dim() == 4:
             from ..data.transforms import random_crop_flip  # the training loop's augmentation
 
-            gen = torch_generator(self.seed, "hbn-statistics-augment", phase, ctx.server_round, ctx.client_id,
+            gen = torch_generator(self.seed, "hbn-statistics-augment", phase, server_round, client_id,
                                   device=x.device)
             x = random_crop_flip(x, padding=padding, generator=gen)
         return x
@@ -232,22 +236,32 @@ class HBN(FedAvg):
         what Eq. 8 weights by and takes Bessel's N from (``bessel_count``): ``len(x)`` for
         ``"samples"``; the values per channel (samples × H × W) for ``"elements"``. Both give
         the same pooled mean, since every client's count is scaled by the same H × W."""
+        stats = collect_hbn_statistics(model, self._statistics_batches(x), train_mode=self.stats_mode == "train")
+        modules = dict(model.named_modules())
+        return self._statistics_upload(
+            stats, len(x), lambda name: (modules[name].batch_weight, modules[name].global_mean, modules[name].global_var)
+        )
+
+    def _statistics_batches(self, x: torch.Tensor) -> list[torch.Tensor]:
         batches = list(x.split(self.stats_batch_size))
         if len(batches) > 1 and len(batches[-1]) < 2 and self.stats_mode == "train":
             batches[-2] = torch.cat(batches[-2:])  # a batch of one has no batch variance
             batches.pop()
-        stats = collect_hbn_statistics(model, batches, train_mode=self.stats_mode == "train")
-        modules = dict(model.named_modules())
+        return batches
+
+    def _statistics_upload(self, stats: dict[str, Any], num_samples: int, mix: Any) -> dict[str, torch.Tensor]:
+        """The upload from a pass's ``{layer: HBNStats}``; ``mix(layer)`` gives the client's
+        ``(batch weight, global mean, global var)`` for ``upload="hybrid"``."""
         out = {}
         for name in self.layers:
             s = stats[name]
             mean, var = s.mean, s.var
             if self.upload == "hybrid":
-                layer = modules[name]
-                w = layer.batch_weight.detach().to(mean.dtype)
-                mean = w * mean + (1 - w) * layer.global_mean.to(mean.dtype)
-                var = w * var + (1 - w) * layer.global_var.to(var.dtype)
-            count = s.count if self.bessel_count == "elements" else torch.tensor(float(len(x)), dtype=torch.float64)
+                w, global_mean, global_var = mix(name)
+                w = w.detach().to(mean.dtype)
+                mean = w * mean + (1 - w) * global_mean.to(mean.dtype)
+                var = w * var + (1 - w) * global_var.to(var.dtype)
+            count = s.count if self.bessel_count == "elements" else torch.tensor(float(num_samples), dtype=torch.float64)
             out[f"hbn.{name}.count"] = count.reshape(()).to(device=mean.device)
             out[f"hbn.{name}.mean"] = mean
             out[f"hbn.{name}.var"] = var
@@ -275,6 +289,37 @@ class HBN(FedAvg):
         if self.alpha_mode == "global_init":
             state = ctx.model.state_dict()
             ctx.local_state.update({OWN_ALPHA + k: state[k].detach().clone() for k in self._alpha_keys})
+
+    def stacked_client_begin(self, ctx: StackedClientContext) -> None:
+        """:meth:`client_begin` for a stacked chunk: each client's own alpha (``global_init``),
+        then every client's statistics pass under the downloaded weights, run together."""
+        net = ctx.model
+        if self.alpha_mode == "global_init":
+            with torch.no_grad():
+                tensors = net.state_dict(keep_vars=True)
+                for i, local in enumerate(ctx.local_states):
+                    for key, value in local.items():
+                        if key.startswith(OWN_ALPHA):
+                            tensors[key[len(OWN_ALPHA):]][i].copy_(value)
+        inputs = [self._statistics_input(x, y, ctx.server_round, cid, "round") if len(x) else x
+                  for x, y, cid in zip(ctx.x, ctx.y, ctx.client_ids)]
+        stats = collect_stacked_hbn_statistics(
+            net, [self._statistics_batches(x) if len(x) else [] for x in inputs], train_mode=self.stats_mode == "train"
+        )
+        state = net.state_dict()
+        for i, x in enumerate(inputs):
+            if len(ctx.x[i]) == 0:
+                ctx.uploads[i].update(self._empty_statistics(net))
+                continue
+            ctx.uploads[i].update(self._statistics_upload(stats[i], len(x), lambda name, i=i: (
+                torch.sigmoid(-state[f"{name}.alpha"][i]), state[f"{name}.running_mean"][i], state[f"{name}.running_var"][i]
+            )))
+
+    def stacked_client_end(self, ctx: StackedClientContext) -> None:
+        if self.alpha_mode == "global_init":
+            state = ctx.model.state_dict()
+            for i, local in enumerate(ctx.local_states):
+                local.update({OWN_ALPHA + k: state[k][i].detach().clone() for k in self._alpha_keys})
 
     def _empty_statistics(self, model: nn.Module) -> dict[str, torch.Tensor]:
         modules = dict(model.named_modules())

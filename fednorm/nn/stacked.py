@@ -27,7 +27,8 @@ the base model client by client before it is used, and refuses otherwise.
 from __future__ import annotations
 
 import copy
-from typing import Iterable
+from collections import defaultdict
+from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +42,7 @@ __all__ = [
     "StackedLinear",
     "StackedBatchNorm",
     "StackedFederatedBatchNorm",
+    "StackedHybridBatchNorm",
     "StackedGroupNorm",
     "ClientPadShortcut",
     "stack_model",
@@ -49,6 +51,7 @@ __all__ = [
     "set_frozen_statistics",
     "set_forward_clients",
     "attach_stacked_fbn_recorders",
+    "collect_stacked_hbn_statistics",
     "detach_stacked_fbn_recorders",
     "to_client_layout",
     "from_client_layout",
@@ -361,6 +364,58 @@ class StackedFederatedBatchNorm(StackedBatchNorm):
         )
 
 
+class StackedHybridBatchNorm(StackedBatchNorm):
+    """K clients' HBN layers (:class:`~fednorm.nn.hbn.HybridBatchNorm`): ``alpha``, ``weight``,
+    ``bias`` and the global statistics are ``[K, C]``. Training mode normalises each client's
+    batch with ``w·batch + (1−w)·global`` statistics, ``w = sigmoid(−alpha)`` of that client
+    (:func:`~fednorm.nn.hbn.hybrid_batch_norm` per client); evaluation mode is BatchNorm's with
+    the global statistics. Like the HBN layer it never changes its buffers."""
+
+    def __init__(self, bn: nn.modules.batchnorm._BatchNorm, num_clients: int) -> None:
+        nn.Module.__init__(self)
+        self.num_features, self.eps, self.momentum = bn.num_features, bn.eps, None
+        self.track_running_stats = True
+        self.weight = None if bn.weight is None else nn.Parameter(_repeat(bn.weight, num_clients))
+        self.bias = None if bn.bias is None else nn.Parameter(_repeat(bn.bias, num_clients))
+        self.alpha = nn.Parameter(_repeat(bn.alpha, num_clients), requires_grad=bn.alpha.requires_grad)
+        self.register_buffer("running_mean", _repeat(bn.running_mean, num_clients))
+        self.register_buffer("running_var", _repeat(bn.running_var, num_clients))
+        self.register_buffer("num_batches_tracked", _repeat(bn.num_batches_tracked, num_clients))
+        self.comm = None
+        self.sync_backward = True
+        self.row_mask = None
+        self.total_rows = None
+        self.frozen = False
+        self.forward_clients = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.comm is not None or self.frozen:
+            raise NotStackableError("HBN layers do not synchronise or freeze their statistics")
+        if not self.training:
+            return F.batch_norm(
+                x, self.running_mean.view(-1), self.running_var.view(-1),  # type: ignore[union-attr]
+                None if self.weight is None else self.weight.reshape(-1),
+                None if self.bias is None else self.bias.reshape(-1),
+                False, 0.0, self.eps,
+            )
+        c = self.num_features
+        k = x.shape[1] // c
+        xv = x.reshape(x.shape[0], k, c, *x.shape[2:])
+        dims = [0] + list(range(3, xv.dim()))
+        cshape = [1, k, c] + [1] * (xv.dim() - 3)
+        batch_mean = xv.mean(dim=dims)
+        batch_var = xv.var(dim=dims, unbiased=False)
+        w = torch.sigmoid(-self.alpha)
+        mean = w * batch_mean + (1 - w) * self.running_mean.detach()  # type: ignore[union-attr]
+        var = w * batch_var + (1 - w) * self.running_var.detach()  # type: ignore[union-attr]
+        y = (xv - mean.view(cshape)) * torch.rsqrt(var + self.eps).view(cshape)
+        if self.weight is not None:
+            y = y * self.weight.view(cshape)
+        if self.bias is not None:
+            y = y + self.bias.view(cshape)
+        return y.reshape(x.shape)
+
+
 def attach_stacked_fbn_recorders(model: nn.Module) -> dict[str, list]:
     """Attach a fresh recorder to every :class:`StackedFederatedBatchNorm` of a stacked model;
     returns ``{layer_name: records}`` (the base model's layer names)."""
@@ -376,6 +431,62 @@ def detach_stacked_fbn_recorders(model: nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, StackedFederatedBatchNorm):
             m.recorder = None
+
+
+def collect_stacked_hbn_statistics(
+    model: nn.Module, batches: list[list[torch.Tensor]], *, train_mode: bool = True
+) -> list[dict[str, Any] | None]:
+    """HBN's statistics pass (:func:`~fednorm.nn.hbn.collect_hbn_statistics`) for every client
+    of a stacked model at once: ``batches[i]`` are client i's input batches; returns per client
+    ``{layer_name: HBNStats}`` (``None`` for a client without batches), exact as the per-client
+    pass (the same Chan merge of each layer's input, in float64).
+
+    The j-th batches of the clients run together, one stacked forward per batch size (a client
+    with fewer or smaller batches runs in a row subset, through ``functional_call``). No tensor of
+    the model changes; its training flags are restored.
+    """
+    from torch.func import functional_call
+
+    from .hbn import _Accumulator
+
+    k = len(batches)
+    layers = [(name, m) for name, m in model.named_modules() if isinstance(m, StackedHybridBatchNorm)]
+    accs = {name: [_Accumulator() for _ in range(k)] for name, _ in layers}
+
+    def recorder(name: str, layer: StackedHybridBatchNorm):
+        def pre_hook(_m: nn.Module, args: tuple) -> None:
+            x, c = args[0], layer.num_features
+            clients = layer.forward_clients.tolist() if layer.forward_clients is not None else range(k)
+            for j, i in enumerate(clients):
+                accs[name][i].update(x[:, j * c : (j + 1) * c])
+        return pre_hook
+
+    handles = [m.register_forward_pre_hook(recorder(name, m)) for name, m in layers]
+    flags = [(m, m.training) for m in model.modules()]
+    model.train(train_mode)
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    try:
+        with torch.no_grad():
+            for j in range(max((len(b) for b in batches), default=0)):
+                groups: dict[int, list[int]] = defaultdict(list)
+                for i, b in enumerate(batches):
+                    if j < len(b):
+                        groups[len(b[j])].append(i)
+                for members in groups.values():
+                    idx = torch.tensor(members)
+                    x = to_client_layout(torch.stack([batches[i][j] for i in members]))
+                    set_forward_clients(model, idx)
+                    if len(members) == k:
+                        model(x)
+                    else:
+                        functional_call(model, {n: t.index_select(0, idx) for n, t in tensors.items()}, (x,))
+    finally:
+        set_forward_clients(model, None)
+        for handle in handles:
+            handle.remove()
+        for m, flag in flags:
+            m.training = flag
+    return [{name: accs[name][i].result() for name in accs} if batches[i] else None for i in range(k)]
 
 
 class StackedGroupNorm(nn.Module):
@@ -446,9 +557,12 @@ def _convert(module: nn.Module, k: int) -> nn.Module:
     if isinstance(module, nn.Linear):
         return StackedLinear(module, k)
     from .fbn import FederatedBatchNorm
+    from .hbn import HybridBatchNorm
 
     if isinstance(module, FederatedBatchNorm):
         return StackedFederatedBatchNorm(module, k)
+    if isinstance(module, HybridBatchNorm):
+        return StackedHybridBatchNorm(module, k)
     if isinstance(module, nn.modules.batchnorm._BatchNorm):
         if type(module) not in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm):
             # A subclass (e.g. HBN) changes the forward; treating it as BN would be silently wrong.
