@@ -114,3 +114,12 @@ def test_hooks_without_a_stacked_form_still_fall_back_with_a_reason():
                                       client_opt="scaffold", checkpoint_every=0, out=None))
     assert sim.executor.name == "sequential" and "client optimizer 'scaffold'" in sim.summary()["executor_note"]
     assert vectorization_blockers(sim.method)
+
+
+@pytest.mark.parametrize("method, norm, args", [("fbn", "fbn", {}), ("hbn", "hbn", {"preset": "reference-code"})])
+def test_server_optimizer_composition_keeps_the_stacked_hooks(method, norm, args):
+    """A server optimizer adds no client hook: the composed method forwards the wrapped method's
+    stacked hooks (HBN's reference-code preset keeps each client's own alpha through them)."""
+    seq, vec = _pair(method=method, norm=norm, method_args=args, server_opt="fedavgm", partition="dirichlet", alpha=0.3)
+    assert type(vec.method).__name__.startswith("Optimized")
+    _assert_same(seq, vec)
