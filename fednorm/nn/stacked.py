@@ -409,8 +409,16 @@ class StackedHybridBatchNorm(StackedBatchNorm):
         xv = x.reshape(x.shape[0], k, c, *x.shape[2:])
         dims = [0] + list(range(3, xv.dim()))
         cshape = [1, k, c] + [1] * (xv.dim() - 3)
-        batch_mean = xv.mean(dim=dims)
-        batch_var = xv.var(dim=dims, unbiased=False)
+        if self.row_mask is None:
+            batch_mean = xv.mean(dim=dims)
+            batch_var = xv.var(dim=dims, unbiased=False)
+        else:  # padded rows (a pass over clients with different batch sizes) stay out of the statistics
+            if self.row_mask.shape != (x.shape[0], k):
+                raise ValueError(f"row mask has shape {tuple(self.row_mask.shape)}, expected {(x.shape[0], k)}")
+            m = self.row_mask.to(x.dtype).view(x.shape[0], k, 1, *([1] * (xv.dim() - 3)))
+            counts = (self.row_mask.to(x.dtype).sum(dim=0) * float(xv[0, 0, 0].numel())).unsqueeze(-1)
+            batch_mean = (xv * m).sum(dim=dims) / counts
+            batch_var = (((xv - batch_mean.view(cshape)) * m) ** 2).sum(dim=dims) / counts
         w = torch.sigmoid(-self.alpha)
         mean = w * batch_mean + (1 - w) * self.running_mean.detach()  # type: ignore[union-attr]
         var = w * batch_var + (1 - w) * self.running_var.detach()  # type: ignore[union-attr]
@@ -447,9 +455,12 @@ def collect_stacked_hbn_statistics(
     ``{layer_name: HBNStats}`` (``None`` for a client without batches), exact as the per-client
     pass (the same Chan merge of each layer's input, in float64).
 
-    The j-th batches of the clients run together, one stacked forward per batch size (a client
-    with fewer or smaller batches runs in a row subset, through ``functional_call``). No tensor of
-    the model changes; its training flags are restored.
+    The j-th batches of the clients run together in one stacked forward: batches of different
+    sizes are zero-padded and the HBN layers leave the padded rows out of their batch statistics
+    (:func:`set_row_mask`) when every stacked norm layer is HBN (layers that mix samples
+    otherwise, e.g. plain BN, would see the padding: then one forward per batch size, in row
+    subsets through ``functional_call``). No tensor of the model changes; its training flags are
+    restored.
     """
     from torch.func import functional_call
 
@@ -459,13 +470,18 @@ def collect_stacked_hbn_statistics(
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, StackedHybridBatchNorm)]
     accs = {name: [_Accumulator() for _ in range(k)] for name, _ in layers}
 
+    sizes: list[int] = []  # real rows of each client of the current pass (the rest is padding)
+
     def recorder(name: str, layer: StackedHybridBatchNorm):
         def pre_hook(_m: nn.Module, args: tuple) -> None:
             x, c = args[0], layer.num_features
             clients = layer.forward_clients.tolist() if layer.forward_clients is not None else range(k)
             for j, i in enumerate(clients):
-                accs[name][i].update(x[:, j * c : (j + 1) * c])
+                accs[name][i].update(x[: sizes[j], j * c : (j + 1) * c])
         return pre_hook
+
+    norms = [m for m in model.modules() if isinstance(m, StackedBatchNorm)]
+    pad = all(isinstance(m, StackedHybridBatchNorm) for m in norms)
 
     handles = [m.register_forward_pre_hook(recorder(name, m)) for name, m in layers]
     flags = [(m, m.training) for m in model.modules()]
@@ -477,10 +493,19 @@ def collect_stacked_hbn_statistics(
                 groups: dict[int, list[int]] = defaultdict(list)
                 for i, b in enumerate(batches):
                     if j < len(b):
-                        groups[len(b[j])].append(i)
+                        groups[0 if pad else len(b[j])].append(i)
                 for members in groups.values():
                     idx = torch.tensor(members)
-                    x = to_client_layout(torch.stack([batches[i][j] for i in members]))
+                    sizes[:] = [len(batches[i][j]) for i in members]
+                    longest = max(sizes)
+                    rows = [batches[i][j] for i in members]
+                    if min(sizes) < longest:
+                        rows = [torch.cat([r, r.new_zeros((longest - len(r), *r.shape[1:]))]) if len(r) < longest else r
+                                for r in rows]
+                        set_row_mask(model, torch.arange(longest).unsqueeze(1) < torch.tensor(sizes).unsqueeze(0))
+                    else:
+                        set_row_mask(model, None)
+                    x = to_client_layout(torch.stack(rows))
                     set_forward_clients(model, idx)
                     if len(members) == k:
                         model(x)
@@ -488,6 +513,7 @@ def collect_stacked_hbn_statistics(
                         functional_call(model, {n: t.index_select(0, idx) for n, t in tensors.items()}, (x,))
     finally:
         set_forward_clients(model, None)
+        set_row_mask(model, None)
         for handle in handles:
             handle.remove()
         for m, flag in flags:
