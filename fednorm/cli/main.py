@@ -25,7 +25,7 @@ __all__ = ["main", "build_parser", "QUICKSTART"]
 
 # `fednorm compare` with no arguments: the HBN paper's local setting (label skew, batch 4, SGD with
 # momentum, clipping) on the embedded digits, where FedAvg's averaged BatchNorm statistics fall
-# behind the fixes (issue 17.8). About two minutes on 2 CPU cores.
+# behind the fixes (issue 17.8). About 45 s on 2 idle CPU cores.
 QUICKSTART: dict[str, Any] = {
     "dataset": "digits",
     "partition": "dirichlet",
