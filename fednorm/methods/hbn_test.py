@@ -25,15 +25,8 @@ def _sim(**kw):
 
 def _layer_inputs(model, x):
     """Inputs of every HBN layer of ``model`` (eval mode) on ``x``, flattened to [values, C]."""
-    seen = {}
-    hooks = [m.register_forward_hook(lambda m, inp, out, n=n: seen.__setitem__(n, inp[0].detach()))
-             for n, m in model.named_modules() if isinstance(m, HybridBatchNorm)]
-    model.eval()
-    with torch.no_grad():
-        model(x)
-    for h in hooks:
-        h.remove()
-    return {n: v.transpose(0, 1).reshape(v.shape[1], -1).T for n, v in seen.items()}
+    return {n: torch.from_numpy(v).transpose(0, 1).reshape(v.shape[1], -1).T.to(x.dtype)
+            for n, v in _layer_inputs_np(model, x).items()}
 
 
 def _layer_inputs_np(model, x):
