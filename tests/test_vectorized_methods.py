@@ -123,3 +123,28 @@ def test_server_optimizer_composition_keeps_the_stacked_hooks(method, norm, args
     seq, vec = _pair(method=method, norm=norm, method_args=args, server_opt="fedavgm", partition="dirichlet", alpha=0.3)
     assert type(vec.method).__name__.startswith("Optimized")
     _assert_same(seq, vec)
+
+
+@pytest.mark.parametrize("partition", ["iid", "dirichlet"])
+@pytest.mark.parametrize("preset", ["default", "reference-code"])
+def test_hbn_statistics_query_stacked_equals_one_client_at_a_time(partition, preset, monkeypatch):
+    """The evaluation re-sync / round T+1 query answered in stacked chunks (several clients per
+    chunk and several forwards per batch index) equals each client's own pass."""
+    import fednorm.nn.stacked as stacked
+
+    kw = dict(method="hbn", norm="hbn", partition=partition, method_args={"preset": preset, "stats_batch_size": 16})
+    if partition == "dirichlet":
+        kw.update(alpha=0.3)
+    seq, vec = _pair(**kw, augment=preset == "reference-code")
+    seq.step(), vec.step()
+    monkeypatch.setattr(stacked, "STATS_MAX_ROWS", 40)  # 2 clients of 16 rows per forward
+    vec.executor.max_clients = 3  # chunks of 3 and 2 clients
+    ids = list(range(5))
+    stacked_answers = vec.executor.query_clients(vec.server_round, ids, "statistics", vec.global_state)
+    assert stacked_answers is not None
+    assert vec.query_clients(ids, "statistics").keys() == set(ids)
+    for cid in ids:
+        want = seq.client_query(cid, "statistics")
+        assert set(stacked_answers[cid]) == set(want)
+        for key, value in want.items():
+            _close(value, stacked_answers[cid][key], f"client {cid} {key}")

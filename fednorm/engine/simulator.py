@@ -279,7 +279,13 @@ class Simulation:
     ) -> dict[int, dict[str, torch.Tensor]]:
         """Run the named client-side computation on each client's model (the global ``state``
         plus the client's own tensors): ``"evaluate"`` (its test split) or a method query such
-        as HBN's ``"statistics"`` (see :meth:`Method.client_query`). Here, in this process."""
+        as HBN's ``"statistics"`` (see :meth:`Method.client_query`). Here, in this process:
+        in stacked chunks where the executor and the method can (:meth:`Method.stacked_client_query`)."""
+        stacked = getattr(self.executor, "query_clients", None)
+        if query != "evaluate" and stacked is not None and client_ids:
+            answers = stacked(self.server_round, client_ids, query, self.global_state if state is None else state)
+            if answers is not None:
+                return answers
         return {cid: self.client_query(cid, query, state) for cid in client_ids}
 
     def client_query(self, client_id: int, query: str, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

@@ -132,6 +132,45 @@ class VectorizedExecutor(Executor):
             self._stacked[k] = stack_model(self.model, k, verify=False)
         return self._stacked[k]
 
+    def _load_chunk(
+        self, client_ids: list[int], global_state: dict[str, torch.Tensor]
+    ) -> tuple[nn.Module, list[dict[str, torch.Tensor]]]:
+        """The stacked model of ``client_ids`` loaded with the global shared tensors and each
+        client's local ones, and the clients' persistent states (copies from the bank)."""
+        net = self._stacked_model(len(client_ids))
+        locals_ = [self.client_local(c, global_state) for c in client_ids]
+        with torch.no_grad():
+            for key, tensor in net.state_dict(keep_vars=True).items():
+                if key in self.method.local_keys:
+                    tensor.copy_(torch.stack([loc[key] for loc in locals_]))
+                else:
+                    tensor.copy_(global_state[key].unsqueeze(0).expand_as(tensor))
+        return net, locals_
+
+    def query_clients(
+        self, server_round: int, client_ids: list[int], query: str, state: dict[str, torch.Tensor]
+    ) -> dict[int, dict[str, torch.Tensor]] | None:
+        """A method's client query (:meth:`Method.stacked_client_query`) for ``client_ids`` in
+        stacked chunks; ``None`` when the method answers only one client at a time."""
+        if type(self.method).stacked_client_query is Method.stacked_client_query:
+            return None
+        answers: dict[int, dict[str, torch.Tensor]] = {}
+        data = self.data
+        for start in range(0, len(client_ids), self.max_clients):
+            chunk = client_ids[start : start + self.max_clients]
+            net, locals_ = self._load_chunk(chunk, state)
+            indices = [data.client_train[c] for c in chunk]
+            ctx = StackedClientContext(
+                server_round=server_round, client_ids=list(chunk), model=net,
+                x=[data.train_x.index_select(0, ix) for ix in indices], y=[data.train_y.index_select(0, ix) for ix in indices],
+                global_state=state, local_states=locals_, lr=0.0,
+            )
+            result = self.method.stacked_client_query(query, ctx)
+            if result is None:
+                return None
+            answers.update(zip(chunk, result))
+        return answers
+
     # -- one round --------------------------------------------------------------------------
     def run_round(
         self, server_round: int, client_ids: list[int], global_state: dict[str, torch.Tensor], lr: float
@@ -163,15 +202,8 @@ class VectorizedExecutor(Executor):
     ) -> ClientUpdates:
         method, data, spec = self.method, self.data, self.spec
         k = len(client_ids)
-        net = self._stacked_model(k)
+        net, locals_ = self._load_chunk(client_ids, global_state)
         net.train()
-        locals_ = [self.client_local(c, global_state) for c in client_ids]
-        with torch.no_grad():
-            for key, tensor in net.state_dict(keep_vars=True).items():
-                if key in method.local_keys:
-                    tensor.copy_(torch.stack([loc[key] for loc in locals_]))
-                else:
-                    tensor.copy_(global_state[key].unsqueeze(0).expand_as(tensor))
         # The chunk's tensors: rows = clients. ``cur`` is the working set (all clients at first,
         # then only those that still have batches), so finished clients cost nothing.
         full_params = {n: p for n, p in net.named_parameters() if n in self._trainable}

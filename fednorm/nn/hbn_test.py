@@ -110,6 +110,35 @@ def test_gradcheck_input_alpha_weight_bias() -> None:
     assert layer.running_mean.grad is None
 
 
+@pytest.mark.parametrize("shape", [(6, 3), (4, 3, 5), (3, 3, 4, 2)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_fused_gradients_equal_autograd_through_the_equations(shape: tuple[int, ...], affine: bool) -> None:
+    """The hand-written backward against autograd through Eqs. 1, 9, 10 written out op by op."""
+    gen = torch.Generator().manual_seed(3)
+    c = shape[1]
+    x = (torch.randn(shape, generator=gen, dtype=D) * 2 + 0.7).requires_grad_()
+    alpha = torch.randn(c, generator=gen, dtype=D).requires_grad_()
+    weight = torch.randn(c, generator=gen, dtype=D).requires_grad_() if affine else None
+    bias = torch.randn(c, generator=gen, dtype=D).requires_grad_() if affine else None
+    gm, gv = torch.randn(c, generator=gen, dtype=D), torch.rand(c, generator=gen, dtype=D) + 0.5
+    g = torch.randn(shape, generator=gen, dtype=D)
+    leaves = [t for t in (x, alpha, weight, bias) if t is not None]
+
+    dims = [0] + list(range(2, len(shape)))
+    view = [1, -1] + [1] * (len(shape) - 2)
+    w = torch.sigmoid(-alpha)
+    mu = w * x.mean(dims) + (1 - w) * gm
+    var = w * ((x - x.mean(dims).view(view)) ** 2).mean(dims) + (1 - w) * gv
+    ref = (x - mu.view(view)) / torch.sqrt(var.view(view) + 1e-5)
+    if affine:
+        ref = ref * weight.view(view) + bias.view(view)  # type: ignore[union-attr]
+    expected = torch.autograd.grad(ref, leaves, g)
+    out = hybrid_batch_norm(x, gm, gv, alpha, weight, bias, training=True)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for got, want in zip(torch.autograd.grad(out, leaves, g), expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+
+
 def test_forward_never_changes_global_stats() -> None:
     layer = _layer()
     before = {k: v.clone() for k, v in layer.state_dict().items()}

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .comm import ClientComm, LocalClientComm
+from .hbn import batch_moments, hybrid_batch_norm
 
 __all__ = [
     "NotStackableError",
@@ -404,30 +405,31 @@ class StackedHybridBatchNorm(StackedBatchNorm):
                 None if self.bias is None else self.bias.reshape(-1),
                 False, 0.0, self.eps,
             )
+        if self.row_mask is None:  # K clients' layers are one HBN over K·C channels
+            return hybrid_batch_norm(
+                x, self.running_mean.reshape(-1), self.running_var.reshape(-1), self.alpha.reshape(-1),  # type: ignore[union-attr]
+                None if self.weight is None else self.weight.reshape(-1),
+                None if self.bias is None else self.bias.reshape(-1),
+                training=True, eps=self.eps,
+            )
+        # Padded rows (a statistics pass over clients with different batch sizes) stay out of
+        # the batch statistics; this arises only in that pass, which needs no gradient.
+        if torch.is_grad_enabled():
+            raise RuntimeError("padded HBN batches (set_row_mask) are for the no-grad statistics pass only")
         c = self.num_features
         k = x.shape[1] // c
-        xv = x.reshape(x.shape[0], k, c, *x.shape[2:])
-        dims = [0] + list(range(3, xv.dim()))
-        cshape = [1, k, c] + [1] * (xv.dim() - 3)
-        if self.row_mask is None:
-            batch_mean = xv.mean(dim=dims)
-            batch_var = xv.var(dim=dims, unbiased=False)
-        else:  # padded rows (a pass over clients with different batch sizes) stay out of the statistics
-            if self.row_mask.shape != (x.shape[0], k):
-                raise ValueError(f"row mask has shape {tuple(self.row_mask.shape)}, expected {(x.shape[0], k)}")
-            m = self.row_mask.to(x.dtype).view(x.shape[0], k, 1, *([1] * (xv.dim() - 3)))
-            counts = (self.row_mask.to(x.dtype).sum(dim=0) * float(xv[0, 0, 0].numel())).unsqueeze(-1)
-            batch_mean = (xv * m).sum(dim=dims) / counts
-            batch_var = (((xv - batch_mean.view(cshape)) * m) ** 2).sum(dim=dims) / counts
+        if self.row_mask.shape != (x.shape[0], k):
+            raise ValueError(f"row mask has shape {tuple(self.row_mask.shape)}, expected {(x.shape[0], k)}")
+        batch_mean, batch_var = _client_moments(x, c, self.row_mask.sum(dim=0).tolist())
         w = torch.sigmoid(-self.alpha)
-        mean = w * batch_mean + (1 - w) * self.running_mean.detach()  # type: ignore[union-attr]
-        var = w * batch_var + (1 - w) * self.running_var.detach()  # type: ignore[union-attr]
-        y = (xv - mean.view(cshape)) * torch.rsqrt(var + self.eps).view(cshape)
+        mean = (w * batch_mean.to(w.dtype) + (1 - w) * self.running_mean).reshape(-1)  # type: ignore[union-attr]
+        var = (w * batch_var.to(w.dtype) + (1 - w) * self.running_var).reshape(-1)  # type: ignore[union-attr]
+        scale = torch.rsqrt(var + self.eps)
         if self.weight is not None:
-            y = y * self.weight.view(cshape)
-        if self.bias is not None:
-            y = y + self.bias.view(cshape)
-        return y.reshape(x.shape)
+            scale = scale * self.weight.reshape(-1)
+        shift = -mean * scale if self.bias is None else self.bias.reshape(-1) - mean * scale
+        view = [1, -1] + [1] * (x.dim() - 2)
+        return torch.addcmul(shift.view(view), x, scale.view(view))
 
 
 def attach_stacked_fbn_recorders(model: nn.Module) -> dict[str, list]:
@@ -447,8 +449,13 @@ def detach_stacked_fbn_recorders(model: nn.Module) -> None:
             m.recorder = None
 
 
+#: Rows (padded batch × clients) of one stacked forward of the HBN statistics pass; measured on
+#: the HBN paper's CIFAR-10 setting (batches of up to 512 images), see benchmarks/methods.py.
+STATS_MAX_ROWS = 512
+
+
 def collect_stacked_hbn_statistics(
-    model: nn.Module, batches: list[list[torch.Tensor]], *, train_mode: bool = True
+    model: nn.Module, batches: list[list[torch.Tensor]], *, train_mode: bool = True, max_rows: int | None = None
 ) -> list[dict[str, Any] | None]:
     """HBN's statistics pass (:func:`~fednorm.nn.hbn.collect_hbn_statistics`) for every client
     of a stacked model at once: ``batches[i]`` are client i's input batches; returns per client
@@ -459,25 +466,25 @@ def collect_stacked_hbn_statistics(
     sizes are zero-padded and the HBN layers leave the padded rows out of their batch statistics
     (:func:`set_row_mask`) when every stacked norm layer is HBN (layers that mix samples
     otherwise, e.g. plain BN, would see the padding: then one forward per batch size, in row
-    subsets through ``functional_call``). No tensor of the model changes; its training flags are
-    restored.
+    subsets through ``functional_call``). A forward holds at most ``max_rows`` rows over its
+    clients (padded batch × clients; at least one client; default :data:`STATS_MAX_ROWS`), as the statistics pass's batches are
+    large and one huge stacked activation is slower than a few smaller ones. No tensor of the
+    model changes; its training flags are restored.
     """
     from torch.func import functional_call
 
-    from .hbn import _Accumulator
+    from .hbn import HBNStats
 
     k = len(batches)
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, StackedHybridBatchNorm)]
-    accs = {name: [_Accumulator() for _ in range(k)] for name, _ in layers}
+    accs = {name: _StackedAccumulator(k, m.num_features) for name, m in layers}
 
     sizes: list[int] = []  # real rows of each client of the current pass (the rest is padding)
 
     def recorder(name: str, layer: StackedHybridBatchNorm):
         def pre_hook(_m: nn.Module, args: tuple) -> None:
-            x, c = args[0], layer.num_features
-            clients = layer.forward_clients.tolist() if layer.forward_clients is not None else range(k)
-            for j, i in enumerate(clients):
-                accs[name][i].update(x[: sizes[j], j * c : (j + 1) * c])
+            clients = layer.forward_clients if layer.forward_clients is not None else torch.arange(k)
+            accs[name].update(args[0], clients, sizes)
         return pre_hook
 
     norms = [m for m in model.modules() if isinstance(m, StackedBatchNorm)]
@@ -494,23 +501,28 @@ def collect_stacked_hbn_statistics(
                 for i, b in enumerate(batches):
                     if j < len(b):
                         groups[0 if pad else len(b[j])].append(i)
-                for members in groups.values():
-                    idx = torch.tensor(members)
-                    sizes[:] = [len(batches[i][j]) for i in members]
-                    longest = max(sizes)
-                    rows = [batches[i][j] for i in members]
-                    if min(sizes) < longest:
-                        rows = [torch.cat([r, r.new_zeros((longest - len(r), *r.shape[1:]))]) if len(r) < longest else r
-                                for r in rows]
-                        set_row_mask(model, torch.arange(longest).unsqueeze(1) < torch.tensor(sizes).unsqueeze(0))
-                    else:
-                        set_row_mask(model, None)
-                    x = to_client_layout(torch.stack(rows))
-                    set_forward_clients(model, idx)
-                    if len(members) == k:
-                        model(x)
-                    else:
-                        functional_call(model, {n: t.index_select(0, idx) for n, t in tensors.items()}, (x,))
+                for group in groups.values():
+                    per = max(1, (max_rows or STATS_MAX_ROWS) // max(len(batches[i][j]) for i in group))
+                    if per < len(group):  # split: similar sizes together pad less (clients are independent)
+                        group.sort(key=lambda i: -len(batches[i][j]))
+                    for start in range(0, len(group), per):
+                        members = group[start:start + per]
+                        idx = torch.tensor(members)
+                        sizes[:] = [len(batches[i][j]) for i in members]
+                        longest = max(sizes)
+                        rows = [batches[i][j] for i in members]
+                        if min(sizes) < longest:
+                            rows = [torch.cat([r, r.new_zeros((longest - len(r), *r.shape[1:]))]) if len(r) < longest else r
+                                    for r in rows]
+                            set_row_mask(model, torch.arange(longest).unsqueeze(1) < torch.tensor(sizes).unsqueeze(0))
+                        else:
+                            set_row_mask(model, None)
+                        x = to_client_layout(torch.stack(rows))
+                        set_forward_clients(model, idx)
+                        if members == list(range(k)):
+                            model(x)
+                        else:
+                            functional_call(model, {n: t.index_select(0, idx) for n, t in tensors.items()}, (x,))
     finally:
         set_forward_clients(model, None)
         set_row_mask(model, None)
@@ -518,7 +530,53 @@ def collect_stacked_hbn_statistics(
             handle.remove()
         for m, flag in flags:
             m.training = flag
-    return [{name: accs[name][i].result() for name in accs} if batches[i] else None for i in range(k)]
+    results = {name: acc.result() for name, acc in accs.items()}
+    return [{name: HBNStats(*(t[i] for t in results[name])) for name in accs} if batches[i] else None for i in range(k)]
+
+
+def _client_moments(x: torch.Tensor, c: int, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each client's batch mean and biased variance, ``[K', C]`` float64, over its first
+    ``sizes[j]`` rows of ``x [B, K'·C, ...]`` (:func:`~fednorm.nn.hbn.batch_moments`); the
+    statistics pass pads each client's batch at the end."""
+    b, kc = x.shape[:2]
+    k = kc // c
+    if min(sizes) == b:
+        mean, var = batch_moments(x)
+        return mean.view(k, c), var.view(k, c)
+    parts = [batch_moments(x[:n, j * c:(j + 1) * c]) for j, n in enumerate(sizes)]
+    return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+
+
+class _StackedAccumulator:
+    """Per-client Chan/Welford merges of one stacked HBN layer's input, all clients at once:
+    counts ``[K]`` and ``(mean, M2)`` ``[K, C]`` in float64, the vector form of
+    :class:`fednorm.nn.hbn._Accumulator` (same merge, same order of batches per client)."""
+
+    def __init__(self, num_clients: int, num_features: int) -> None:
+        self.c = num_features
+        self.n = torch.zeros(num_clients, dtype=torch.float64)
+        self.mean = torch.zeros(num_clients, num_features, dtype=torch.float64)
+        self.m2 = torch.zeros(num_clients, num_features, dtype=torch.float64)
+
+    def update(self, x: torch.Tensor, clients: torch.Tensor, sizes: list[int]) -> None:
+        """``x`` is ``[B, K'·C, ...]``, client ``clients[j]`` owning channels ``j·C:(j+1)·C`` and
+        its first ``sizes[j]`` rows (the rest is padding)."""
+        mb, vb = _client_moments(x, self.c, sizes)
+        if self.n.device != x.device:
+            self.n, self.mean, self.m2 = self.n.to(x.device), self.mean.to(x.device), self.m2.to(x.device)
+        nb = torch.tensor(sizes, dtype=torch.float64, device=x.device) * x[0, 0].numel()
+        m2b = vb * nb.unsqueeze(1)
+        clients = clients.to(device=x.device, dtype=torch.long)
+        n_old, mean_old = self.n[clients], self.mean[clients]
+        n = n_old + nb
+        delta = mb - mean_old
+        self.mean[clients] = mean_old + delta * (nb / n).unsqueeze(1)
+        self.m2[clients] = self.m2[clients] + m2b + delta.square() * (n_old * nb / n).unsqueeze(1)
+        self.n[clients] = n
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(count [K], mean [K, C], biased var [K, C])``; rows of clients without input are NaN."""
+        return self.n, self.mean, self.m2 / self.n.unsqueeze(1)
 
 
 class StackedGroupNorm(nn.Module):
