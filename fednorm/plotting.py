@@ -1,4 +1,7 @@
-"""Plots of run metrics (matplotlib, Agg backend: works without a display)."""
+"""Plots of run metrics (matplotlib, Agg backend: works without a display).
+
+The run plots draw on :class:`matplotlib.figure.Figure` directly, without importing pyplot
+(about 0.7 s of a short run's start-up on CPU)."""
 
 from __future__ import annotations
 
@@ -19,11 +22,17 @@ def _plt():
     return plt
 
 
+def _figure(figsize: tuple[float, float]) -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=figsize)
+
+
 def plot_accuracy(history: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
     """Test accuracy (and mean per-client accuracy) and train loss against rounds."""
-    plt = _plt()
     rounds = [h["round"] for h in history]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = _figure((10, 4))
+    ax1, ax2 = fig.subplots(1, 2)
     ax1.plot(rounds, [100 * h["test_accuracy"] for h in history], marker=".", label="test (global)")
     if any(h.get("mean_client_accuracy") is not None for h in history):
         ax1.plot(rounds, [100 * (h.get("mean_client_accuracy") or np.nan) for h in history], ls="--", label="mean per-client")
@@ -43,14 +52,13 @@ def plot_accuracy(history: Sequence[dict[str, Any]], path: str | Path, title: st
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
 def plot_comparison(histories: dict[str, Sequence[dict[str, Any]]], path: str | Path, title: str = "") -> Path:
     """One test-accuracy curve per variant."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = _figure((7, 4.5))
+    ax = fig.subplots()
     for label, history in histories.items():
         ax.plot([h["round"] for h in history], [100 * h["test_accuracy"] for h in history], marker=".", label=label)
     ax.set_xlabel("round")
@@ -62,17 +70,18 @@ def plot_comparison(histories: dict[str, Sequence[dict[str, Any]]], path: str | 
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
 def plot_histogram(hist: np.ndarray, path: str | Path, title: str = "") -> Path:
     """Stacked bars of each client's label counts."""
-    plt = _plt()
+    from matplotlib import colormaps
+
     num_clients, num_classes = hist.shape
-    fig, ax = plt.subplots(figsize=(max(6, 0.35 * num_clients + 2), 4))
+    fig = _figure((max(6, 0.35 * num_clients + 2), 4))
+    ax = fig.subplots()
     bottom = np.zeros(num_clients)
-    cmap = plt.get_cmap("tab10" if num_classes <= 10 else "tab20")
+    cmap = colormaps["tab10" if num_classes <= 10 else "tab20"]
     for c in range(num_classes):
         ax.bar(np.arange(num_clients), hist[:, c], bottom=bottom, color=cmap(c % cmap.N), label=str(c), width=0.85)
         bottom += hist[:, c]
@@ -85,5 +94,4 @@ def plot_histogram(hist: np.ndarray, path: str | Path, title: str = "") -> Path:
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

@@ -20,14 +20,22 @@ class EvalResult:
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 1024) -> EvalResult:
-    """Cross-entropy and top-1 accuracy of ``model`` in eval mode (the caller's mode is restored)."""
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 1024, channels_last: bool = False
+) -> EvalResult:
+    """Cross-entropy and top-1 accuracy of ``model`` in eval mode (the caller's mode is restored).
+
+    ``channels_last`` feeds 4-d batches in channels-last memory format, as training does
+    (``ExperimentConfig.channels_last``): about twice as fast for the CNNs on CPU (pooling)."""
     was_training = model.training
     model.eval()
     loss_sum = 0.0
     correct = []
     for start in range(0, len(x), batch_size):
-        logits = model(x[start : start + batch_size])
+        xb = x[start : start + batch_size]
+        if channels_last and xb.dim() == 4:
+            xb = xb.contiguous(memory_format=torch.channels_last)
+        logits = model(xb)
         yb = y[start : start + batch_size]
         loss_sum += float(F.cross_entropy(logits.double(), yb, reduction="sum"))
         correct.append(logits.argmax(dim=1) == yb)

@@ -294,7 +294,8 @@ class Simulation:
         model = self.client_model(client_id, state)
         if query == "evaluate":
             ix = data.client_test[client_id]
-            res = evaluate(model, data.test_x[ix], data.test_y[ix], batch_size=self.config.eval_batch_size)
+            res = evaluate(model, data.test_x[ix], data.test_y[ix], batch_size=self.config.eval_batch_size,
+                           channels_last=self.spec.channels_last)
             return {
                 "correct": torch.tensor(float(res.correct.sum()), dtype=torch.float64),
                 "num": torch.tensor(float(res.num_samples), dtype=torch.float64),
@@ -512,7 +513,8 @@ class Simulation:
         """Accuracy and loss of the global model on the whole test set, and each client's accuracy
         on its own test split (slices of the same predictions)."""
         data = self.data
-        res = evaluate(self.global_model(state), data.test_x, data.test_y, batch_size=self.config.eval_batch_size)
+        res = evaluate(self.global_model(state), data.test_x, data.test_y, batch_size=self.config.eval_batch_size,
+                       channels_last=self.spec.channels_last)
         client_acc = [float(res.correct[ix].double().mean()) if len(ix) else None for ix in data.client_test]
         return res.accuracy, res.loss, client_acc
 
