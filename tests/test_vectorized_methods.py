@@ -21,6 +21,12 @@ CASES = {
     "hbn_reference_code": dict(method="hbn", norm="hbn", method_args={"preset": "reference-code"}, augment=True),
     "hbn_paper_eval_mode": dict(method="hbn", norm="hbn",
                                 method_args={"preset": "paper", "stats_mode": "eval", "bessel_count": "elements"}),
+    # client optimizers in the client dimension (stacked proximal / control-variate terms)
+    "fedavg_fedprox": dict(method="fedavg", norm="bn", client_opt="fedprox", client_opt_args={"mu": 0.5}),
+    "fedbn_fedprox": dict(method="fedbn", norm="bn", client_opt="fedprox", client_opt_args={"mu": 0.5}),
+    "hbn_fedprox": dict(method="hbn", norm="hbn", client_opt="fedprox", client_opt_args={"mu": 0.5}),
+    "fedavg_scaffold": dict(method="fedavg", norm="bn", client_opt="scaffold"),
+    "fbn_scaffold": dict(method="fbn", norm="fbn", client_opt="scaffold", server_opt="fedavgm"),
 }
 
 
@@ -69,6 +75,10 @@ def test_hooked_methods_vectorized_equal_sequential(case, partition):
         sizes = seq.data.client_sizes()
         assert len(set(sizes.tolist())) > 1  # clients finish at different steps: masking and ragged batches
     _assert_same(seq, vec)
+    if kw.get("client_opt") == "scaffold":  # the server's control variate, and it moved
+        for key, c in seq.method.client_opt.c.items():
+            _close(c, vec.method.client_opt.c[key], f"scaffold c {key}")
+        assert any(c.abs().sum() > 0 for c in vec.method.client_opt.c.values())
 
 
 def test_fbn_uploads_equal_the_sequential_ones_padded_per_step():
@@ -109,10 +119,10 @@ def test_hooks_without_a_stacked_form_still_fall_back_with_a_reason():
                                       checkpoint_every=0, out=None))
     assert sim.executor.name == "sequential"
     assert "client_begin without a stacked form" in sim.summary()["executor_note"]
-    # a client optimizer with its own per-client hooks keeps FBN sequential, and says why
+    # a client optimizer without a stacked form (MOON) keeps FBN sequential, and says why
     sim = Simulation(ExperimentConfig(dataset="digits", num_clients=3, rounds=1, method="fbn", norm="fbn",
-                                      client_opt="scaffold", checkpoint_every=0, out=None))
-    assert sim.executor.name == "sequential" and "client optimizer 'scaffold'" in sim.summary()["executor_note"]
+                                      client_opt="moon", checkpoint_every=0, out=None))
+    assert sim.executor.name == "sequential" and "client optimizer 'moon'" in sim.summary()["executor_note"]
     assert vectorization_blockers(sim.method)
 
 

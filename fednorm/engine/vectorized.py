@@ -54,9 +54,10 @@ def vectorization_blockers(method: Method) -> list[str]:
     """Reasons why a method cannot run vectorized (empty when it can).
 
     Client-side hooks act on one client's model, which a stacked model does not have: a method
-    that overrides ``client_begin``/``client_end`` runs vectorized only when it also gives their
-    stacked form (``stacked_client_begin``/``stacked_client_end``, acting on the stacked model);
-    ``client_loss`` has none yet. Otherwise it runs on the sequential executor.
+    that overrides ``client_begin``/``client_end``/``client_loss`` runs vectorized only when it
+    also gives their stacked form (``stacked_client_begin``/``stacked_client_end``/
+    ``stacked_client_loss``, acting on the stacked model). Otherwise it runs on the sequential
+    executor.
     """
     def overrides(m: Method, hook: str) -> bool:
         return getattr(type(m), hook) is not getattr(Method, hook)
@@ -64,7 +65,7 @@ def vectorization_blockers(method: Method) -> list[str]:
     reasons = []
     inner = getattr(method, "inner", None)  # a method composed with client/server optimizers
     for hook, stacked in (("client_begin", "stacked_client_begin"), ("client_end", "stacked_client_end"),
-                          ("client_loss", None)):
+                          ("client_loss", "stacked_client_loss")):
         if not overrides(method, hook) or (stacked is not None and overrides(method, stacked)):
             continue
         if inner is not None and (not overrides(inner, hook) or (stacked is not None and overrides(inner, stacked))):
@@ -73,6 +74,8 @@ def vectorization_blockers(method: Method) -> list[str]:
             reasons.append(f"method '{method.name}' overrides {hook} without a stacked form ({stacked})")
         else:
             reasons.append(f"method '{method.name}' overrides {hook}")
+    if method.requires_lockstep and overrides(method, "client_loss"):
+        reasons.append(f"method '{method.name}' synchronises local steps, which take no client loss term")
     return reasons
 
 
@@ -258,6 +261,7 @@ class VectorizedExecutor(Executor):
             global_state=global_state, local_states=locals_, lr=lr,
         )
         method.stacked_client_begin(ctx)
+        has_loss_term = type(method).stacked_client_loss is not Method.stacked_client_loss
         self.comm = self.comm_factory()
         for t in range(num_steps_max):
             if t < synced:
@@ -316,6 +320,10 @@ class VectorizedExecutor(Executor):
                     seen[i] += bsz
                     steps[i] += 1
                 total = losses.sum() if total is None else total + losses.sum()
+            if has_loss_term:
+                extra = method.stacked_client_loss(ctx, params, torch.tensor(rows))
+                if extra is not None:
+                    total = total + extra
             total.backward()  # type: ignore[union-attr]
             self._sgd_step(params, momentum, started, list(range(kw)), lr)
             started[:] = True
@@ -324,6 +332,7 @@ class VectorizedExecutor(Executor):
         set_forward_clients(net, None)
         self.last_traffic += self.comm.traffic
         write_back()
+        ctx.num_steps = list(steps)
         method.stacked_client_end(ctx)
 
         seen_t = torch.tensor(seen, dtype=torch.int64)

@@ -81,6 +81,8 @@ class StackedClientContext:
         uploads: each client's tensors sent besides the shared weights, exactly what the
             sequential hooks would put in :attr:`ClientContext.uploads`.
         lr: this round's learning rate.
+        num_steps: each client's local steps, set by the executor once training is over
+            (for :meth:`Method.stacked_client_end`).
     """
 
     server_round: int
@@ -92,6 +94,7 @@ class StackedClientContext:
     local_states: list[dict[str, torch.Tensor]]
     uploads: list[dict[str, torch.Tensor]] = field(default_factory=list)
     lr: float = 0.0
+    num_steps: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.uploads:
@@ -284,6 +287,17 @@ class Method:
         ``query_clients``): e.g. HBN's ``"statistics"`` pass for evaluation and round T+1. It
         runs wherever the client lives (this process, a torch.distributed rank, a Flower node)."""
         raise ValueError(f"method '{self.name}' answers no client query named '{query}'")
+
+    def stacked_client_loss(
+        self, ctx: StackedClientContext, params: dict[str, torch.Tensor], rows: torch.Tensor
+    ) -> torch.Tensor | None:
+        """:meth:`client_loss` for the clients of a stacked chunk, once per local step: the sum
+        over the clients training this step (chunk positions ``rows``; ``params`` are their
+        stacked trainable parameters, row j = client ``rows[j]``) of what each client's
+        :meth:`client_loss` adds to its data loss; ``None`` (the default) adds nothing. A method
+        that overrides :meth:`client_loss` runs on the vectorized executor only if it overrides
+        this too."""
+        return None
 
     def stacked_client_query(self, query: str, ctx: StackedClientContext) -> list[dict[str, torch.Tensor]] | None:
         """:meth:`client_query` for a chunk of clients held in one stacked model: each client's

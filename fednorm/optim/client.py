@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from ..methods.base import ClientContext, ClientUpdates, Method
+from ..methods.base import ClientContext, ClientUpdates, Method, StackedClientContext
 from ..registry import Registry
 from .checks import check_number
 
@@ -58,13 +58,17 @@ class ClientOptimizer:
     hooks keeps the vectorized executor).
 
     Hooks run inside the sequential executor, one client at a time: ``begin``, then ``loss`` once
-    per local step, then ``end`` (not reached when the client's training raises).
+    per local step, then ``end`` (not reached when the client's training raises). A subclass
+    that also gives ``stacked_begin``/``stacked_loss``/``stacked_end`` (the same for a chunk of
+    clients in one stacked model, :class:`~fednorm.methods.base.StackedClientContext`) sets
+    ``stacked`` and runs on the vectorized executor.
     """
 
     name: ClassVar[str] = "none"
     uses_begin: ClassVar[bool] = False
     uses_loss: ClassVar[bool] = False
     uses_end: ClassVar[bool] = False
+    stacked: ClassVar[bool] = False
 
     def setup(self, model: nn.Module, method: Method, num_clients: int, local_momentum: float = 0.0) -> None:
         """Once, after the wrapped method's ``setup``: the shared/local split is known.
@@ -84,6 +88,14 @@ class ClientOptimizer:
         return loss
 
     def end(self, ctx: ClientContext) -> None: ...
+
+    def stacked_begin(self, ctx: StackedClientContext) -> None: ...
+
+    def stacked_loss(self, ctx: StackedClientContext, params: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor | None:
+        """The sum over the clients at chunk positions ``rows`` of what :meth:`loss` adds."""
+        return None
+
+    def stacked_end(self, ctx: StackedClientContext) -> None: ...
 
     def server_update(self, server_round: int, updates: ClientUpdates) -> None:
         """Server side, after aggregation (SCAFFOLD's global control variate)."""
@@ -122,6 +134,7 @@ class FedProx(ClientOptimizer):
     name = "fedprox"
     uses_begin = True
     uses_loss = True
+    stacked = True
 
     def __init__(self, mu: float = 0.01) -> None:
         self.mu = check_number("fedprox mu", mu, 0.0)
@@ -139,6 +152,19 @@ class FedProx(ClientOptimizer):
 
     def end(self, ctx: ClientContext) -> None:
         self._anchor = []
+
+    def stacked_begin(self, ctx: StackedClientContext) -> None:
+        params = dict(ctx.model.named_parameters())
+        self._stacked_anchor = {k: params[k].detach().clone() for k in self.trainable_keys}
+
+    def stacked_loss(self, ctx: StackedClientContext, params: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+        every = len(rows) == len(ctx)
+        prox = sum(((params[k] - (w0 if every else w0.index_select(0, rows))) ** 2).sum()
+                   for k, w0 in self._stacked_anchor.items())
+        return 0.5 * self.mu * prox
+
+    def stacked_end(self, ctx: StackedClientContext) -> None:
+        self._stacked_anchor = {}
 
     def hparams(self) -> dict[str, Any]:
         return {"mu": self.mu}
@@ -182,6 +208,7 @@ class Scaffold(ClientOptimizer):
     uses_begin = True
     uses_loss = True
     uses_end = True
+    stacked = True
 
     def __init__(self, momentum_aware: bool = True) -> None:
         if not isinstance(momentum_aware, bool):
@@ -234,6 +261,37 @@ class Scaffold(ClientOptimizer):
             ctx.uploads[SCAFFOLD_UPLOAD + key] = new - ci
             ctx.local_state[SCAFFOLD_PREFIX + key] = new
         self._params, self._correction = [], []
+
+    def stacked_begin(self, ctx: StackedClientContext) -> None:
+        params = dict(ctx.model.named_parameters())
+        self._stacked_correction = {
+            k: torch.stack([(self.c[k] - self._variate(local, k)).to(params[k].dtype) for local in ctx.local_states])
+            for k in self.c
+        }
+
+    def _variate(self, local: dict[str, torch.Tensor], key: str) -> torch.Tensor:
+        ci = local.get(SCAFFOLD_PREFIX + key)
+        return torch.zeros_like(self.c[key]) if ci is None else ci
+
+    def stacked_loss(self, ctx: StackedClientContext, params: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+        every = len(rows) == len(ctx)
+        return sum(((d if every else d.index_select(0, rows)) * params[k]).sum() for k, d in self._stacked_correction.items())
+
+    def stacked_end(self, ctx: StackedClientContext) -> None:
+        state = dict(ctx.model.named_parameters())
+        for i, local in enumerate(ctx.local_states):
+            steps = ctx.num_steps[i]
+            k_eff = self.effective_steps(steps)
+            for key in self.c:
+                ci = self._variate(local, key)
+                if steps > 0:
+                    drift = (ctx.global_state[key].double() - state[key][i].detach().double()) / (k_eff * ctx.lr)
+                    new = (ci.double() - self.c[key].double() + drift).to(ci.dtype)
+                else:
+                    new = ci.clone()
+                ctx.uploads[i][SCAFFOLD_UPLOAD + key] = new - ci
+                local[SCAFFOLD_PREFIX + key] = new
+        self._stacked_correction = {}
 
     def server_update(self, server_round: int, updates: ClientUpdates) -> None:
         if len(updates) == 0:

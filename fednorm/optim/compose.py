@@ -82,12 +82,25 @@ class OptimizedMethod(Method):
         self.inner.client_end(ctx)
         self.client_opt.end(ctx)
 
-    # The wrapped method's stacked hooks, installed when the client optimizer adds no hook there.
+    # The stacked hooks: the wrapped method's, then the client optimizer's stacked form (a
+    # client optimizer without one keeps the composition off the vectorized executor).
     def _stacked_begin(self, ctx: StackedClientContext) -> None:
         self.inner.stacked_client_begin(ctx)
+        if self.client_opt.uses_begin:
+            self.client_opt.stacked_begin(ctx)
+
+    def _stacked_loss(
+        self, ctx: StackedClientContext, params: dict[str, torch.Tensor], rows: torch.Tensor
+    ) -> torch.Tensor | None:
+        terms = [t for t in (self.inner.stacked_client_loss(ctx, params, rows),
+                             self.client_opt.stacked_loss(ctx, params, rows) if self.client_opt.uses_loss else None)
+                 if t is not None]
+        return sum(terms[1:], terms[0]) if terms else None
 
     def _stacked_end(self, ctx: StackedClientContext) -> None:
         self.inner.stacked_client_end(ctx)
+        if self.client_opt.uses_end:
+            self.client_opt.stacked_end(ctx)
 
     # -- server -----------------------------------------------------------------------------
     def configure_round(self, server_round: int, client_ids: list[int]) -> None:
@@ -220,9 +233,10 @@ def compose(
             hooks[hook] = impl
     for hook, impl, used in (
         ("stacked_client_begin", OptimizedMethod._stacked_begin, client_opt.uses_begin),
+        ("stacked_client_loss", OptimizedMethod._stacked_loss, client_opt.uses_loss),
         ("stacked_client_end", OptimizedMethod._stacked_end, client_opt.uses_end),
     ):
-        if not used and _overrides(method, hook):
+        if (used and client_opt.stacked) or (not used and _overrides(method, hook)):
             hooks[hook] = impl
     # The executors decide by the class's hooks (vectorization_blockers, has_client_loss), so
     # the composition is a class with exactly the hooks it needs.

@@ -306,15 +306,17 @@ def test_moon_keeps_each_clients_last_model_and_uses_it_next_time():
 
 # -- composition and configuration -------------------------------------------------------------
 
-def test_server_optimizer_alone_keeps_the_vectorized_executor_and_client_optimizers_do_not():
+def test_server_optimizer_and_stacked_client_optimizers_keep_the_vectorized_executor_and_moon_does_not():
     vec = Simulation(_cfg(executor="auto", dtype="float32", server_opt="yogi"))
     assert vec.executor.name == "vectorized"
-    seq = Simulation(_cfg(executor="auto", dtype="float32", client_opt="fedprox"))
-    assert seq.executor.name == "sequential"
-    assert "client optimizer 'fedprox' uses client_loss" in seq.executor_note  # the cause, not the wrapped method
+    for opt in ("fedprox", "scaffold"):  # stacked forms (tests/test_vectorized_methods.py: equal to sequential)
+        sim = Simulation(_cfg(executor="auto", dtype="float32", client_opt=opt))
+        assert sim.executor.name == "vectorized", sim.executor_note
     hbn = Simulation(_cfg(executor="auto", dtype="float32", norm="hbn", method="hbn", client_opt="fedprox"))
-    assert hbn.executor.name == "sequential"  # HBN's hooks have a stacked form, FedProx's loss has none
-    assert "client optimizer 'fedprox' uses client_loss" in hbn.executor_note
+    assert hbn.executor.name == "vectorized", hbn.executor_note
+    seq = Simulation(_cfg(executor="auto", dtype="float32", client_opt="moon"))
+    assert seq.executor.name == "sequential"
+    assert "client optimizer 'moon' uses client_begin" in seq.executor_note  # the cause, not the wrapped method
 
 
 def test_plain_config_builds_the_plain_method():
