@@ -208,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_fl.add_argument("--exchange-timeout", type=float, default=600.0, help="seconds one message exchange may take (default: 600)")
     _add_config_options(p_fl)
 
+    from .reproduce import add_parser as add_reproduce_parser  # fednorm reproduce <paper> (fednorm/cli/reproduce.py)
+
+    add_reproduce_parser(sub)
+
     p_list = sub.add_parser("list", help="list methods, norms, models, datasets and partitions")
     p_list.add_argument("what", nargs="?", choices=["methods", "norms", "models", "datasets", "partitions", "client_opts", "server_opts", "aggregators", "attacks"], help="one registry (default: all)")
     return parser
@@ -414,6 +418,12 @@ def _cmd_flower_app(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_reproduce(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .reproduce import command
+
+    return command(args, argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from ..engine.checkpoint import CheckpointError
 
@@ -436,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     handler = {"run": _cmd_run, "compare": _cmd_compare, "partition": _cmd_partition, "list": _cmd_list,
                "analyze": _cmd_analyze, "flower-app": _cmd_flower_app,
-               "adapt": _cmd_adapt}[args.command]
+               "adapt": _cmd_adapt, "reproduce": lambda a: _cmd_reproduce(a, argv)}[args.command]
     try:
         return handler(args)
     except FednormError as exc:

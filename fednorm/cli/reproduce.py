@@ -1,0 +1,186 @@
+"""``fednorm reproduce <paper>``: rerun a paper's tables from the shipped configs and report.
+
+    fednorm reproduce hbn --scale reduced                 # every HBN table, the stated reduced scale
+    fednorm reproduce hbn --table table1 --rows bn,hbn --columns phi0.6 --seeds 3 --jobs 2
+    fednorm reproduce fedtan --rounds 1000 --device cuda  # the first 1,000 of the paper's 10,000 rounds
+    fednorm reproduce fbn --dry-run                       # what would run, what is cached or resumable
+    fednorm reproduce fedbn --report-only                 # rebuild report.md from the run directories
+    fednorm reproduce --list                              # papers and tables
+
+The tables live in ``configs/reproduce/<paper>/<table>.yaml`` (setting, rows, columns, the reduced
+scale and the paper's numbers); results go to ``--out`` (default ``reproduce/<paper>/<scale>``).
+Running the same command again reruns nothing that finished and resumes what was interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import ConfigError, DatasetError
+
+__all__ = ["add_parser", "command"]
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "reproduce",
+        help="rerun a paper's tables from the shipped configs; report ours beside the paper's numbers",
+        description="Run the tables of a paper (configs/reproduce/<paper>/*.yaml) at full or reduced scale, one "
+        "checkpointed run directory per cell and seed, and write report.md, results.json and plots. Finished runs are "
+        "never rerun; interrupted ones resume from their checkpoint when the same command runs again.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("paper", nargs="?", help="hbn, fedtan, fbn, ln or fedbn")
+    p.add_argument("--table", action="append", metavar="T", help="a table of the paper (repeat or comma-separate; default: all)")
+    p.add_argument("--scale", choices=("full", "reduced"), default="full", help="the paper's setting, or the table's stated reduced scale (default: full)")
+    p.add_argument("--seeds", type=int, help="seeds per cell (default: the table's)")
+    p.add_argument("--rows", help="only these rows (comma-separated ids; see --list)")
+    p.add_argument("--columns", help="only these columns (comma-separated ids)")
+    p.add_argument("--rounds", type=int, help="run this many rounds instead of the scale's (a stated fraction of the paper; "
+                   "a later, larger value extends the finished runs)")
+    p.add_argument("--out", type=Path, help="output folder (default: reproduce/<paper>/<scale>)")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel, one process each (default: 1)")
+    p.add_argument("--threads", type=int, help="torch threads per run (default: 1 with --jobs > 1, else torch's choice)")
+    p.add_argument("--device", help="torch device of every run, e.g. cuda (default: the config's, cpu)")
+    p.add_argument("--data-dir", help="folder holding the datasets (default: $FEDNORM_DATA, else ../shared/data beside the "
+                   "repository when present, else ~/.cache/fednorm)")
+    p.add_argument("--download", action="store_true", help="download missing datasets (needs a network)")
+    p.add_argument("--configs", type=Path, help="folder of the table configs (default: the repository's configs/reproduce)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--list", action="store_true", help="list the papers, their tables, rows and columns, and exit")
+    what.add_argument("--dry-run", action="store_true", help="show every planned run and whether it is done, resumable or new; run nothing")
+    what.add_argument("--report-only", action="store_true", help="only rebuild report.md, results.json and the plots from the run directories")
+    p.add_argument("--no-plots", action="store_true", help="write report.md and results.json without plots")
+    p.add_argument("--quiet", action="store_true", help="no per-round progress bar (the per-run lines stay)")
+    return p
+
+
+def _split(values: Sequence[str] | str | None) -> list[str] | None:
+    if not values:
+        return None
+    items = values if isinstance(values, (list, tuple)) else [values]
+    out = [v.strip() for item in items for v in item.split(",") if v.strip()]
+    return out or None
+
+
+def _list(args: argparse.Namespace, root: Path | None) -> int:
+    from ..reproduce.suite import PAPERS, list_tables, load_paper
+
+    for paper in [args.paper] if args.paper else PAPERS:
+        try:
+            tables = load_paper(paper, _split(args.table), root)
+        except ConfigError as exc:
+            print(f"{paper}: {exc}")
+            continue
+        print(f"{paper}: {', '.join(list_tables(paper, root))}")
+        for t in tables:
+            runs = {s: sum(1 for r in t.rows for c in t.columns if not t.cell(r.id, c.id).skip) for s in ("full",)}
+            print(f"  {t.id}: {t.title}")
+            print(f"    rows: {', '.join(r.id for r in t.rows)}")
+            print(f"    columns: {', '.join(c.id for c in t.columns)}")
+            skipped = [f"{r}/{c}" for (r, c), cell in t.cells.items() if cell.skip]
+            print(f"    cells run: {runs['full']}" + (f" (skipped: {', '.join(skipped)})" if skipped else "")
+                  + f"; seeds: {t.seeds}; reduced: {t.reduced.get('description', '')}")
+    return 0
+
+
+def _fmt(v: Any) -> str:
+    return "—" if v is None else f"{100 * v:.2f}%"
+
+
+def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+    from ..reproduce import report as report_mod
+    from ..reproduce import runner
+    from ..reproduce.suite import PAPERS, load_paper
+
+    root = args.configs
+    if args.list:
+        return _list(args, root)
+    if not args.paper:
+        raise ConfigError(f"name a paper: one of {', '.join(PAPERS)} (or --list)")
+    for name in ("jobs", "seeds", "rounds", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name} must be at least 1, got {value}")
+    tables = load_paper(args.paper, _split(args.table), root)
+    rows, columns = _split(args.rows), _split(args.columns)
+    runner.check_selection(tables, rows, columns)
+    out = (args.out or Path("reproduce") / args.paper / args.scale).resolve()
+    data_dir = runner.default_data_dir(args.data_dir)
+    threads = args.threads if args.threads is not None else (1 if args.jobs > 1 else None)
+    overrides = {"rounds": args.rounds, "device": args.device, "threads": threads, "download": True if args.download else None}
+    report_overrides = {"rounds": args.rounds}
+
+    def write_report() -> None:
+        results = report_mod.collect(load_paper(args.paper, None, root), scale=args.scale, out=out, data_dir=data_dir,
+                                     overrides=report_overrides)
+        paths = report_mod.write_report(results, plots=not args.no_plots)
+        print(f"report: {paths['report']}  results: {paths['results']}" + ("" if args.no_plots else f"  plots: {out / 'plots'}"))
+
+    if args.report_only:
+        write_report()
+        return 0
+    specs = runner.plan(tables, scale=args.scale, out=out, seeds=args.seeds, rows=rows, columns=columns,
+                        data_dir=data_dir, overrides=overrides)
+    work = runner.states(specs)
+    todo = [(s, st) for s, st in work if st.action in ("new", "resume", "extend")]
+    counts: dict[str, int] = {}
+    for _, st in work:
+        counts[st.action] = counts.get(st.action, 0) + 1
+    summary = ", ".join(f"{n} {a}" for a, n in sorted(counts.items()))
+    print(f"{args.paper} ({args.scale} scale): {len(specs)} runs in {len(tables)} table(s): {summary} -> {out}", flush=True)
+    if args.dry_run:
+        for spec, st in work:
+            extra = f" ({st.detail})" if st.detail else ""
+            print(f"  {st.action:8s} {spec.describe()}: {spec.config['rounds']} rounds{extra}  {spec.dir}")
+        return 0
+
+    git = runner.git_info()
+    cmd = shlex.join(["fednorm", *(argv if argv is not None else sys.argv[1:])])
+    by_table: dict[str, list] = {}
+    for spec, st in todo:
+        by_table.setdefault(spec.table, []).append((spec, st))
+    selected = _split(args.table) is not None
+    ready: list = []
+    unavailable = []
+    for t in tables:
+        if t.id not in by_table:
+            continue
+        try:
+            runner.prepare_data(t, [s for s, _ in by_table[t.id]], source_dir=data_dir, out=out, download=args.download)
+        except DatasetError as exc:
+            if selected:
+                raise
+            unavailable.append(t.id)
+            print(f"skipping {t.paper}/{t.id}: {exc}", file=sys.stderr, flush=True)
+            continue
+        ready += by_table[t.id]
+    total, done = len(ready), [0]
+
+    def on_done(spec: runner.RunSpec, outcome: runner.Outcome) -> None:
+        done[0] += 1
+        s = outcome.summary or {}
+        acc = (f"final {_fmt(s.get('final_test_accuracy'))}, best {_fmt(s.get('best_test_accuracy'))}, "
+               f"last-10 {_fmt(s.get('last10_mean_test_accuracy'))}")
+        if s.get("final_mean_client_accuracy") is not None:
+            acc += f", mean client {_fmt(s.get('final_mean_client_accuracy'))}"
+        verb = {"resume": "resumed", "extend": "extended"}.get(outcome.action, "ran")
+        print(f"[{done[0]}/{total}] {spec.describe()}: {verb}, {outcome.status} after {outcome.rounds} rounds, {acc} "
+              f"({outcome.wall_seconds:.1f} s)  {spec.dir}", flush=True)
+
+    try:
+        runner.run_all(ready, jobs=args.jobs, command=cmd, git=git, on_done=on_done,
+                       progress=False if (args.quiet or args.jobs > 1) else None)
+    except runner.SuiteInterrupted:
+        print(f"fednorm reproduce: interrupted; every started run has a checkpoint. Run the same command again to resume.",
+              file=sys.stderr)
+        write_report()
+        return 130
+    write_report()
+    if unavailable:
+        print(f"not run for missing data: {', '.join(unavailable)} (see the messages above)", file=sys.stderr)
+    return 0

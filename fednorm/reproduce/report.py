@@ -1,0 +1,458 @@
+"""The reproduction report: ``report.md``, ``results.json`` and plots, from the run directories.
+
+Everything here reads files: the tables (YAML) and the run directories a suite wrote
+(``summary.json``, ``metrics.jsonl``, ``config.yaml``, ``reproduce.json``). So the report can be
+rebuilt at any time without running (``fednorm reproduce <paper> --report-only``), also while a
+suite is still running or after it was interrupted.
+
+For every cell: our mean ± sample standard deviation over the completed seeds of the final, best
+and last-10-mean accuracy (in %), the paper's number and our mean minus it for each statistic the
+table compares (``compare:``); whether the paper's ordering of the rows holds within each column
+(every pair of rows with a paper number, ranked by the first compared statistic); and for a cell
+without a result, why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..config import load_config
+from ..errors import ConfigError
+from .runner import RECORD_NAME, RunSpec, config_differences, data_missing_file, git_info, plan
+from .suite import STATS, Table
+
+__all__ = ["run_metrics", "series", "summarize", "ordering", "collect", "write_report", "markdown"]
+
+MAX_FLIPS = 6  # reversed pairs listed per column in report.md (all are in results.json)
+STAT_LABEL = {"final": "final", "best": "best", "last10": "last-10 mean"}
+METRIC_LABEL = {"test_accuracy": "test accuracy of the global model",
+                "mean_client_accuracy": "mean over clients of the accuracy on each client's own test split"}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        with open(run_dir / "metrics.jsonl") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def series(history: Sequence[Mapping[str, Any]], metric: str, sources: Sequence[str] | None) -> list[tuple[int, float]]:
+    """``(round, accuracy in %)`` of ``metric`` at every evaluation that has it.
+
+    ``test_accuracy`` and ``mean_client_accuracy`` are fields of each evaluation;
+    ``client:<source>`` is the accuracy of the client holding that data source (FedBN's
+    per-domain accuracy), found through the run's ``client_sources``.
+    """
+    out = []
+    index = None
+    if metric.startswith("client:"):
+        name = metric.split(":", 1)[1]
+        if not sources or name not in sources:
+            raise ConfigError(f"metric {metric}: the run has no client with source '{name}' (sources: {sources})")
+        index = list(sources).index(name)
+    for rec in history:
+        value = rec.get(metric) if index is None else (rec.get("client_accuracies") or [None] * (index + 1))[index]
+        if value is not None and isinstance(value, (int, float)) and math.isfinite(value):
+            out.append((int(rec.get("round", len(out) + 1)), 100.0 * float(value)))
+    return out
+
+
+def run_metrics(run_dir: str | Path, metric: str) -> dict[str, Any]:
+    """One run directory read for one metric: status, rounds, final/best/last-10 (in %), the
+    curve, wall time, and the commit and command from ``reproduce.json``."""
+    run_dir = Path(run_dir)
+    summary = _read_json(run_dir / "summary.json") or {}
+    record = _read_json(run_dir / RECORD_NAME) or {}
+    history = _read_metrics(run_dir)
+    curve = series(history, metric, summary.get("client_sources"))
+    values = [v for _, v in curve]
+    last = (record.get("invocations") or [{}])[-1]
+    out: dict[str, Any] = {
+        "dir": str(run_dir),
+        "seed": summary.get("seed"),
+        "status": summary.get("status") or ("running or killed" if history else "not started"),
+        "rounds": summary.get("rounds") if summary else (curve[-1][0] if curve else 0),
+        "final": values[-1] if values else None,
+        "best": max(values) if values else None,
+        "last10": statistics.fmean(values[-10:]) if values else None,
+        "curve": curve,
+        "wall_seconds": record.get("wall_seconds"),
+        "engine_wall_seconds": summary.get("wall_seconds"),
+        "executor": summary.get("executor"),
+        "commit": last.get("commit"),
+        "dirty": last.get("dirty"),
+        "command": last.get("command"),
+        "run_command": record.get("run_command"),
+        "error": summary.get("error"),
+    }
+    sync = summary.get("final_sync")
+    if isinstance(sync, Mapping) and metric in sync and sync[metric] is not None:
+        out["final_sync"] = 100.0 * float(sync[metric])
+    return out
+
+
+def summarize(values: Sequence[float]) -> dict[str, Any]:
+    """Mean and sample standard deviation (n − 1; None for one value)."""
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        return {"mean": None, "std": None, "n": 0}
+    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else None, "n": len(vals)}
+
+
+def ordering(cells: Sequence[Mapping[str, Any]], stat: str) -> dict[str, Any]:
+    """Whether our ranking of the rows agrees with the paper's, pair by pair, in one column.
+
+    Rows enter with a numeric paper value and a result; pairs the paper ties are left out.
+    """
+    rows = [c for c in cells if c.get("paper") is not None and (c.get("stats") or {}).get(stat, {}).get("mean") is not None]
+    rows.sort(key=lambda c: -c["paper"])
+    pairs, flips = 0, []
+    for i, hi in enumerate(rows):
+        for lo in rows[i + 1:]:
+            if hi["paper"] == lo["paper"]:
+                continue
+            pairs += 1
+            ours_hi, ours_lo = hi["stats"][stat]["mean"], lo["stats"][stat]["mean"]
+            if not ours_hi > ours_lo:
+                flips.append({"paper_higher": hi["row"], "paper_lower": lo["row"], "paper": [hi["paper"], lo["paper"]],
+                              "ours": [ours_hi, ours_lo]})
+    return {"stat": stat, "rows": [c["row"] for c in rows], "pairs": pairs, "agree": pairs - len(flips),
+            "holds": (not flips) if pairs else None, "flips": flips}
+
+
+def _cell_specs(table: Table, scale: str, out: Path, data_dir: str | None, overrides: Mapping[str, Any] | None) -> dict[tuple[str, str], RunSpec]:
+    specs = plan([table], scale=scale, out=out, seeds=1, data_dir=data_dir, overrides=overrides)
+    return {cell: spec for spec in specs for cell in spec.cells}
+
+
+def _seed_dirs(spec: RunSpec) -> list[Path]:
+    folder = spec.dir.parent
+    if not folder.is_dir():
+        return []
+    dirs = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith("seed") and p.name[4:].isdigit()]
+    return sorted(dirs, key=lambda p: int(p.name[4:]))
+
+
+def _collect_cell(table: Table, row_id: str, col_id: str, spec: RunSpec | None, out: Path) -> dict[str, Any]:
+    row, column, cell = table.row(row_id), table.column(col_id), table.cell(row_id, col_id)
+    metric = table.column_metric(column)
+    res: dict[str, Any] = {
+        "row": row_id, "column": col_id, "row_label": row.label, "column_label": column.label, "metric": metric,
+        "paper": cell.paper, "paper_text": cell.paper_text, "approx": cell.approx, "note": cell.note,
+        "paper_display": cell.paper_display, "runs": [], "stale": [], "stats": {}, "diff": {},
+        "paper_rounds": table.paper_rounds(row_id, col_id),
+    }
+    if cell.skip:
+        res.update(status="skipped", reason=cell.skip)
+        return res
+    assert spec is not None
+    res["run_id"] = spec.run_id
+    res["planned_rounds"] = spec.config["rounds"]
+    for run_dir in _seed_dirs(spec):
+        try:
+            saved = load_config(run_dir / "config.yaml").model_dump(mode="json")
+        except ConfigError:
+            continue
+        diff = config_differences(saved, {**spec.config, "seed": saved["seed"]})
+        if diff:
+            res["stale"].append({"dir": str(run_dir), "differences": diff})
+            continue
+        try:
+            res["runs"].append(run_metrics(run_dir, metric))
+        except ConfigError as exc:
+            res["stale"].append({"dir": str(run_dir), "differences": [str(exc)]})
+    done = [r for r in res["runs"] if r["status"] == "completed"]
+    for stat in STATS:
+        res["stats"][stat] = summarize([r[stat] for r in done])
+    syncs = [r["final_sync"] for r in done if "final_sync" in r]
+    if syncs:
+        res["stats"]["final_sync"] = summarize(syncs)
+    for stat in table.compare:
+        mean = res["stats"][stat]["mean"]
+        res["diff"][stat] = None if mean is None or cell.paper is None else mean - cell.paper
+    res["rounds"] = sorted({int(r["rounds"]) for r in done if r["rounds"] is not None})
+    res["wall_seconds"] = sum(float(r["wall_seconds"] or 0.0) for r in res["runs"])
+    others = [r for r in res["runs"] if r["status"] != "completed"]
+    if done:
+        res["status"] = "ok"
+        res["reason"] = "" if not others else "; ".join(f"seed {r['seed']}: {r['status']} at round {r['rounds']}" for r in others)
+    elif others:
+        res["status"] = others[0]["status"]
+        res["reason"] = "; ".join(
+            f"seed {r['seed']}: {r['status']} at round {r['rounds']} of {spec.config['rounds']}"
+            + (f" ({r['error']})" if r.get("error") else "") for r in others)
+    else:
+        res["status"] = "not run"
+        res["reason"] = ("data missing (see above)" if data_missing_file(out, table.id).is_file()
+                         else "no run directory yet (not selected, or the suite has not reached it)")
+        if res["stale"]:
+            res["reason"] += f"; {len(res['stale'])} run directory(ies) of an older config ignored"
+    return res
+
+
+def collect(
+    tables: Sequence[Table],
+    *,
+    scale: str,
+    out: str | Path,
+    data_dir: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Read every cell of ``tables`` from the run directories under ``out`` (results.json's content)."""
+    out = Path(out).resolve()
+    result: dict[str, Any] = {"paper": tables[0].paper if tables else None, "scale": scale, "out": str(out),
+                              "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "fednorm": git_info(), "tables": []}
+    for table in tables:
+        specs = _cell_specs(table, scale, out, data_dir, overrides)
+        cells = [_collect_cell(table, r.id, c.id, specs.get((r.id, c.id)), out) for r in table.rows for c in table.columns]
+        primary = table.compare[0]
+        orders = {c.id: ordering([x for x in cells if x["column"] == c.id], primary) for c in table.columns}
+        setting = load_config(None, table.fields(table.rows[0].id, table.columns[0].id, scale)).model_dump(mode="json")
+        varying = {k for r in table.rows for c in table.columns for k in table.fields(r.id, c.id, scale)
+                   if table.fields(r.id, c.id, scale).get(k) != setting.get(k)}
+        planned = sorted({s.config["rounds"] for s in specs.values()})
+        missing = data_missing_file(out, table.id)
+        result["tables"].append({
+            "table": table.id, "title": table.title, "source": table.source, "claim": table.claim,
+            "metric": table.metric, "compare": table.compare, "notes": table.notes, "config_file": str(table.path),
+            "scale_description": "the paper's setting" if scale == "full" else table.reduced.get("description", ""),
+            "data_subset": table.data_subset(scale),
+            "setting": {k: v for k, v in setting.items() if k not in varying and k not in ("out", "data_dir")},
+            "planned_rounds": planned,
+            "paper_rounds": sorted({table.paper_rounds(r.id, c.id) for r in table.rows for c in table.columns}),
+            "rows": [{"id": r.id, "label": r.label} for r in table.rows],
+            "columns": [{"id": c.id, "label": c.label, "metric": table.column_metric(c)} for c in table.columns],
+            "cells": cells, "ordering": orders,
+            "data_missing": missing.read_text().strip() if missing.is_file() else None,
+        })
+    return result
+
+
+# -- markdown ------------------------------------------------------------------------------
+
+
+def _pct(v: float | None, digits: int = 2) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def _ms(s: Mapping[str, Any] | None) -> str:
+    if not s or s.get("mean") is None:
+        return "—"
+    return f"{s['mean']:.2f}" + ("" if s.get("std") is None else f" ± {s['std']:.2f}")
+
+
+def _signed(v: float | None) -> str:
+    return "—" if v is None else f"{v:+.2f}"
+
+
+def _rounds_text(cell: Mapping[str, Any]) -> str:
+    rounds = cell.get("rounds") or []
+    if not rounds:
+        return "—"
+    paper = cell.get("paper_rounds")
+    r = "/".join(str(x) for x in rounds)
+    return f"{r} of {paper}" if paper and rounds != [paper] else r
+
+
+def _setting_text(setting: Mapping[str, Any]) -> str:
+    from ..config import ExperimentConfig
+
+    defaults = {k: (f.default if f.default_factory is None else f.default_factory()) for k, f in ExperimentConfig.model_fields.items()}
+    keep = {k: v for k, v in setting.items() if v != defaults.get(k) or k in ("dataset", "partition", "model", "norm", "method", "rounds", "batch_size", "lr", "num_clients")}
+    return ", ".join(f"`{k}={json.dumps(v) if isinstance(v, (dict, list)) else v}`" for k, v in keep.items())
+
+
+def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
+    lines = [f"## {t['title']}", "", f"`{t['config_file']}` — source: {t['source']}", ""]
+    if t["claim"]:
+        lines += [f"**Paper's claim:** {t['claim']}", ""]
+    paper_r = "/".join(map(str, t["paper_rounds"]))
+    ours_r = "/".join(map(str, t["planned_rounds"]))
+    fraction = ""
+    if len(t["paper_rounds"]) == 1 and len(t["planned_rounds"]) == 1 and t["paper_rounds"][0]:
+        fraction = f" ({100 * t['planned_rounds'][0] / t['paper_rounds'][0]:.3g}% of the paper's rounds)"
+    lines += [f"**Scale:** {t['scale_description']} Planned rounds {ours_r} of the paper's {paper_r}{fraction}.", ""]
+    if t.get("data_subset"):
+        ds = t["data_subset"]
+        lines += [f"**Data subset:** {ds['train_per_class']} training and {ds['test_per_class']} test images per class "
+                  f"(seed {ds['seed']}).", ""]
+    lines += [f"**Setting shared by every cell:** {_setting_text(t['setting'])}", ""]
+    if t.get("data_missing"):
+        lines += [f"**Not run, data missing:** {t['data_missing']}", ""]
+    metrics = sorted({c["metric"] for c in t["columns"]})
+    descs = [METRIC_LABEL.get(m, m) for m in metrics if not m.startswith("client:")]
+    if any(m.startswith("client:") for m in metrics):
+        descs.insert(0, "per data-source columns: the accuracy of the client holding that source on its own test split")
+    mdesc = "; ".join(descs)
+    lines += [f"**Metric:** {mdesc}, in %. Ours: mean ± sample std over the completed seeds. The paper's number is "
+              f"compared with our {', '.join(STAT_LABEL[s] for s in t['compare'])} (difference = ours − paper); "
+              f"the ordering uses the {STAT_LABEL[t['compare'][0]]}.", ""]
+    head = "| method | column | final | best | last-10 | paper | " + " | ".join(f"Δ {STAT_LABEL[s]}" for s in t["compare"]) + " | seeds | rounds | wall (s) | status |"
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    has_sync = any("final_sync" in c["stats"] for c in t["cells"])
+    for c in t["cells"]:
+        status = c["status"] if not c.get("reason") else f"{c['status']}: {c['reason']}"
+        if c.get("note"):
+            status += f" (paper: {c['note']})"
+        st = c["stats"]
+        diffs = " | ".join(_signed(c["diff"].get(s)) for s in t["compare"])
+        lines.append(
+            f"| {c['row_label']} | {c['column_label']} | {_ms(st.get('final'))} | {_ms(st.get('best'))} | {_ms(st.get('last10'))} | "
+            f"{c['paper_display']} | {diffs} | {(st.get('final') or {}).get('n', 0) or '—'} | {_rounds_text(c)} | "
+            f"{_pct(c.get('wall_seconds') or None, 1)} | {status.replace('|', '/')} |"
+        )
+    if has_sync:
+        lines += ["", "HBN's statistics-only round T+1 (`final_sync`), mean ± std: " + "; ".join(
+            f"{c['row_label']} | {c['column_label']}: {_ms(c['stats']['final_sync'])}" for c in t["cells"] if "final_sync" in c["stats"])]
+    lines += ["", f"**Ordering of the methods within each column** (by the {STAT_LABEL[t['compare'][0]]}; pairs of rows with a paper number):", ""]
+    labels = {r["id"]: r["label"] for r in t["rows"]}
+    for col in t["columns"]:
+        o = t["ordering"][col["id"]]
+        if o["holds"] is None:
+            lines.append(f"- {col['label']}: not enough results to compare ({len(o['rows'])} row(s) with a paper number and a result)")
+        elif o["holds"]:
+            lines.append(f"- {col['label']}: **holds** ({o['agree']} of {o['pairs']} pairs; paper order {' > '.join(labels[r] for r in o['rows'])})")
+        else:
+            flips = "; ".join(f"{labels[f['paper_higher']]} {f['ours'][0]:.2f} ≤ {labels[f['paper_lower']]} {f['ours'][1]:.2f} "
+                              f"(paper {f['paper'][0]:.2f} > {f['paper'][1]:.2f})" for f in o["flips"][:MAX_FLIPS])
+            if len(o["flips"]) > MAX_FLIPS:
+                flips += f"; and {len(o['flips']) - MAX_FLIPS} more (results.json)"
+            lines.append(f"- {col['label']}: **does not hold** ({o['agree']} of {o['pairs']} pairs agree); reversed: {flips}")
+    if t["notes"]:
+        lines += ["", "**Notes (differences from the paper):**", ""] + [f"- {n}" for n in t["notes"]]
+    plots = [p for p in (f"plots/{t['table']}_curves.png", f"plots/{t['table']}_bars.png") if (out / p).is_file()]
+    if plots:
+        lines += [""] + [f"![{Path(p).stem}]({p})" for p in plots]
+    runs = [(c, r) for c in t["cells"] for r in c["runs"]]
+    seen: set[str] = set()
+    if runs:
+        lines += ["", "<details><summary>Runs</summary>", "", "| run directory | seed | status | rounds | wall (s) | engine wall (s) | commit | command |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for c, r in runs:
+            if r["dir"] in seen:
+                continue
+            seen.add(r["dir"])
+            rel = Path(r["dir"]).relative_to(out) if Path(r["dir"]).is_relative_to(out) else r["dir"]
+            commit = "—" if not r.get("commit") else r["commit"][:10] + ("+dirty" if r.get("dirty") else "")
+            lines.append(f"| `{rel}` | {r['seed']} | {r['status']} | {r['rounds']} | {_pct(r['wall_seconds'], 1)} | "
+                         f"{_pct(r['engine_wall_seconds'], 1)} | {commit} | `{r.get('command') or '—'}` |")
+        lines += ["", "</details>"]
+    return lines + [""]
+
+
+def markdown(results: Mapping[str, Any]) -> str:
+    out = Path(results["out"])
+    git = results.get("fednorm") or {}
+    commit = "unknown" if not git.get("commit") else git["commit"] + (" (with uncommitted changes)" if git.get("dirty") else "")
+    lines = [f"# Reproduction of the {results['paper']} paper's tables ({results['scale']} scale)", "",
+             f"Generated {results['generated']} from the run directories under `{out}` by fednorm at commit {commit}. "
+             f"Each run directory records the commit and command that produced it (see *Runs*).", ""]
+    for t in results["tables"]:
+        lines += _table_markdown(t, out)
+    return "\n".join(lines)
+
+
+# -- plots ---------------------------------------------------------------------------------
+
+
+def plot_table(t: Mapping[str, Any], out: Path) -> list[Path]:
+    """``plots/<table>_curves.png`` (each cell's curves, all seeds, the paper's number dashed) and
+    ``plots/<table>_bars.png`` (ours mean ± std beside the paper, per column)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = out / "plots"
+    folder.mkdir(parents=True, exist_ok=True)
+    rows, cols = t["rows"], t["columns"]
+    cells = {(c["row"], c["column"]): c for c in t["cells"]}
+    written = []
+    fig, axes = plt.subplots(len(rows), len(cols), figsize=(2.4 * len(cols) + 1, 1.9 * len(rows) + 1), squeeze=False,
+                             sharex=True, sharey=True)
+    for i, r in enumerate(rows):
+        for j, col in enumerate(cols):
+            ax = axes[i][j]
+            c = cells[(r["id"], col["id"])]
+            for run in c["runs"]:
+                if run["curve"]:
+                    xs, ys = zip(*run["curve"])
+                    ax.plot(xs, ys, lw=1, label=f"seed {run['seed']}")
+            if c.get("paper") is not None:
+                ax.axhline(c["paper"], color="k", ls="--", lw=0.8)
+            if not c["runs"]:
+                ax.text(0.5, 0.5, "skipped" if c["status"] == "skipped" else "not run", ha="center", va="center",
+                        transform=ax.transAxes, fontsize=8, color="gray")
+            if i == 0:
+                ax.set_title(col["label"], fontsize=9)
+            if j == 0:
+                ax.set_ylabel(f"{r['label']}\nacc (%)", fontsize=8)
+            if i == len(rows) - 1:
+                ax.set_xlabel("round", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+    fig.suptitle(f"{t['table']}: accuracy (%) per evaluation, every seed; dashed: the paper", fontsize=10)
+    fig.tight_layout()
+    path = folder / f"{t['table']}_curves.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    written.append(path)
+
+    stat = t["compare"][0]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(cols) * max(1, len(rows)) / 3 + 2), 3.6))
+    width = 0.8 / max(1, len(rows))
+    for i, r in enumerate(rows):
+        xs, ys, es, ps = [], [], [], []
+        for j, col in enumerate(cols):
+            c = cells[(r["id"], col["id"])]
+            s = c["stats"].get(stat) or {}
+            x = j - 0.4 + width * (i + 0.5)
+            if s.get("mean") is not None:
+                xs.append(x)
+                ys.append(s["mean"])
+                es.append(s.get("std") or 0.0)
+            if c.get("paper") is not None:
+                ps.append((x, c["paper"]))
+        bars = ax.bar(xs, ys, width, yerr=es, capsize=2, label=r["label"])
+        if ps:
+            px, py = zip(*ps)
+            ax.scatter(px, py, marker="_", s=160, color="k", linewidths=2, zorder=3)
+    ax.set_xticks(range(len(cols)))
+    ax.set_xticklabels([c["label"] for c in cols], fontsize=8)
+    ax.set_ylabel(f"{STAT_LABEL[stat]} accuracy (%)")
+    ax.set_title(f"{t['table']}: ours (bars, mean ± std over seeds) and the paper (black —)", fontsize=9)
+    ax.legend(fontsize=7, ncol=min(4, len(rows)))
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = folder / f"{t['table']}_bars.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+def write_report(results: Mapping[str, Any], *, plots: bool = True) -> dict[str, Path]:
+    """Write ``report.md``, ``results.json`` and (optionally) the plots into ``results['out']``."""
+    out = Path(results["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    if plots:
+        for t in results["tables"]:
+            if any(c["runs"] for c in t["cells"]):
+                plot_table(t, out)
+    paths = {"report": out / "report.md", "results": out / "results.json"}
+    paths["report"].write_text(markdown(results))
+    paths["results"].write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return paths

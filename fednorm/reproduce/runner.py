@@ -1,0 +1,439 @@
+"""Plan and run a paper's tables: one run directory per (cell, seed), cached and resumable.
+
+Layout under the output folder (default ``reproduce/<paper>/<scale>``)::
+
+    <table>/<row>[__<column>]/seed<k>/   a fednorm run directory (config.yaml, metrics.jsonl,
+                                         summary.json, checkpoint.pt) plus reproduce.json
+    _data/<subset>/                      the reduced scale's class-balanced data subsets
+    report.md, results.json, plots/      written by fednorm.reproduce.report
+
+A run whose ``summary.json`` says ``completed`` (at the planned number of rounds) is never run
+again; an interrupted one continues from its checkpoint (``fednorm.api.run(resume=...)``); a
+completed run with fewer rounds than now planned (``--rounds``) is extended from its last
+checkpoint. ``reproduce.json`` records every invocation on the run: git commit, command, wall
+time, status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import yaml
+
+from ..config import load_config
+from ..errors import ConfigError, DatasetError
+from .subset import make_subset, subset_folder_name
+from .suite import SCALES, Table
+
+__all__ = [
+    "IGNORED_FIELDS",
+    "RunSpec",
+    "plan",
+    "run_state",
+    "config_differences",
+    "default_data_dir",
+    "git_info",
+    "prepare_data",
+    "execute",
+    "run_all",
+    "RECORD_NAME",
+]
+
+RECORD_NAME = "reproduce.json"
+# Fields that may differ between a cached run directory and the plan: where things are, how the
+# run is executed, and rounds (a longer plan extends a completed run; see run_state).
+IGNORED_FIELDS = ("out", "data_dir", "download", "threads", "device", "checkpoint_every", "eval_batch_size", "rounds")
+# Fields that decide the client data (api.compare's list), for reusing it between runs.
+DATA_KEYS = ("dataset", "data_dir", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args",
+             "num_clients", "seed", "augment", "dtype", "device")
+SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+@dataclass
+class RunSpec:
+    """One run: a (row, column) config of a table at one seed, and where it lives."""
+
+    paper: str
+    table: str
+    run_id: str
+    seed: int
+    scale: str
+    config: dict[str, Any]
+    dir: Path
+    cells: list[tuple[str, str]]
+    label: str
+    paper_rounds: int
+
+    def describe(self) -> str:
+        return f"{self.table} {self.label} seed {self.seed}"
+
+
+def default_data_dir(cli_value: str | None = None) -> str | None:
+    """The data folder: the option, else ``$FEDNORM_DATA``, else ``../shared/data`` beside the
+    repository when it exists, else None (each loader's default, ``~/.cache/fednorm``)."""
+    if cli_value:
+        return str(Path(cli_value).expanduser().resolve())
+    if os.environ.get("FEDNORM_DATA"):
+        return os.environ["FEDNORM_DATA"]
+    if SHARED_DATA.is_dir():
+        return str(SHARED_DATA)
+    return None
+
+
+def _seeds(table: Table, row_id: str, scale: str, seeds: int | None, base_seed: int) -> list[int]:
+    n = seeds if seeds is not None else table.default_seeds(table.row(row_id), scale)
+    return [base_seed + i for i in range(n)]
+
+
+def _select(ids: Sequence[str], wanted: Sequence[str] | None, what: str, table: Table) -> list[str]:
+    if not wanted:
+        return list(ids)
+    return [i for i in ids if i in wanted]
+
+
+def check_selection(tables: Sequence[Table], rows: Sequence[str] | None, columns: Sequence[str] | None) -> None:
+    """A --rows/--columns name that no selected table has is a user mistake: say which exist."""
+    for what, wanted, ids in (("row", rows, {r.id for t in tables for r in t.rows}),
+                              ("column", columns, {c.id for t in tables for c in t.columns})):
+        unknown = sorted(set(wanted or ()) - ids)
+        if unknown:
+            raise ConfigError(f"unknown {what} {', '.join(map(repr, unknown))}; the selected tables have: {', '.join(sorted(ids))}")
+
+
+def plan(
+    tables: Sequence[Table],
+    *,
+    scale: str,
+    out: Path,
+    seeds: int | None = None,
+    rows: Sequence[str] | None = None,
+    columns: Sequence[str] | None = None,
+    data_dir: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> list[RunSpec]:
+    """Every run of the selected cells, each config validated; identical configs within a
+    table become one run (e.g. the centralized row of every column). Skipped cells (``skip:``
+    in the table) are not planned. Runs are ordered so that consecutive ones share client data."""
+    if scale not in SCALES:
+        raise ConfigError(f"unknown scale '{scale}'; valid: {', '.join(SCALES)}")
+    out = Path(out).resolve()
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    specs: list[RunSpec] = []
+    for t_index, table in enumerate(tables):
+        subset = table.data_subset(scale)
+        by_config: dict[str, RunSpec] = {}
+        keyed: list[tuple[tuple, RunSpec]] = []
+        row_ids = _select([r.id for r in table.rows], rows, "row", table)
+        col_ids = _select([c.id for c in table.columns], columns, "column", table)
+        for r_index, row_id in enumerate(row_ids):
+            for c_index, col_id in enumerate(col_ids):
+                if table.cell(row_id, col_id).skip:
+                    continue
+                fields = table.fields(row_id, col_id, scale)
+                if subset is not None:
+                    fields["data_dir"] = str(out / "_data" / subset_folder_name(fields.get("dataset", "digits"), subset))
+                elif data_dir is not None:
+                    fields["data_dir"] = data_dir
+                fields.update(overrides)
+                base_seed = int(fields.get("seed", 0))
+                for seed in _seeds(table, row_id, scale, seeds, base_seed):
+                    cfg = load_config(None, {**fields, "seed": seed}).model_dump(mode="json")
+                    key = json.dumps({k: v for k, v in cfg.items() if k != "out"}, sort_keys=True)
+                    if key in by_config:  # the same run serves another cell
+                        by_config[key].cells.append((row_id, col_id))
+                        continue
+                    run_id = table.run_id(row_id, col_id)
+                    run_dir = out / table.id / run_id / f"seed{seed}"
+                    cfg["out"] = str(run_dir)
+                    label = f"{table.row(row_id).label} | {table.column(col_id).label}" if run_id != row_id else table.row(row_id).label
+                    spec = RunSpec(table.paper, table.id, run_id, seed, scale, cfg, run_dir, [(row_id, col_id)], label,
+                                   table.paper_rounds(row_id, col_id))
+                    by_config[key] = spec
+                    keyed.append(((t_index, seed - base_seed, c_index, r_index), spec))
+        specs += [s for _, s in sorted(keyed, key=lambda item: item[0])]
+    return specs
+
+
+def config_differences(saved: Mapping[str, Any], planned: Mapping[str, Any]) -> list[str]:
+    """Fields (other than :data:`IGNORED_FIELDS`) whose values differ, as ``field: saved -> planned``."""
+    keys = sorted((set(saved) | set(planned)) - set(IGNORED_FIELDS))
+    return [f"{k}: {saved.get(k)!r} -> {planned.get(k)!r}" for k in keys if saved.get(k) != planned.get(k)]
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class RunState:
+    """What to do with a planned run: ``new``, ``done``, ``resume`` (interrupted), ``extend``
+    (completed with fewer rounds), or a final failure (``diverged``, ``failed``) not retried."""
+
+    action: str
+    rounds: int | None = None
+    detail: str = ""
+
+
+def run_state(spec: RunSpec) -> RunState:
+    """Inspect ``spec.dir``; raises :class:`ConfigError` when it holds a different experiment."""
+    d = spec.dir
+    if not (d / "config.yaml").is_file():
+        return RunState("new")
+    try:
+        saved = load_config(d / "config.yaml").model_dump(mode="json")
+    except ConfigError as exc:
+        raise ConfigError(f"{d} is not a usable run directory ({exc}); delete it to rerun this cell") from None
+    diff = config_differences(saved, spec.config)
+    if diff:
+        raise ConfigError(
+            f"{d} holds a different experiment than the table now plans ({'; '.join(diff)}); "
+            "delete that directory to rerun it, or pass another --out"
+        )
+    target = int(spec.config["rounds"])
+    summary = _read_json(d / "summary.json")
+    has_checkpoint = (d / "checkpoint.pt").is_file() or (d / "checkpoint.prev.pt").is_file()
+    if summary is not None:
+        status, rounds = summary.get("status"), int(summary.get("rounds") or 0)
+        if rounds > target:
+            raise ConfigError(f"{d} holds a longer run ({rounds} rounds) than planned ({target}); pass --rounds {rounds} or another --out")
+        if status == "completed":
+            if rounds == target:
+                return RunState("done", rounds)
+            return RunState("extend" if has_checkpoint else "new", rounds, f"completed {rounds} of {target} rounds")
+        if status in ("diverged", "failed"):
+            return RunState(status, rounds, str(summary.get("error", "")))
+        if has_checkpoint:
+            return RunState("resume", rounds, f"interrupted after round {rounds}")
+    if has_checkpoint:
+        return RunState("resume", None, "stopped without a summary")
+    return RunState("new")
+
+
+def git_info(repo: Path | None = None) -> dict[str, Any]:
+    """``{"commit": sha or None, "dirty": bool or None}`` of the repository holding fednorm."""
+    repo = Path(__file__).resolve().parents[2] if repo is None else repo
+    try:
+        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return {"commit": None, "dirty": None}
+        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10)
+        return {"commit": sha.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def data_missing_file(out: Path, table: str) -> Path:
+    return Path(out) / table / "data_missing.txt"
+
+
+def prepare_data(table: Table, specs: Sequence[RunSpec], *, source_dir: str | None, out: Path, download: bool = False) -> None:
+    """Make sure the table's data can be read before its runs start: write the reduced scale's
+    subsets (once) or open the test split of each dataset. Raises :class:`DatasetError` with the
+    loader's message (which file is missing where) and how to point fednorm at the data."""
+    from ..data.datasets import load_dataset
+
+    missing = data_missing_file(out, table.id)
+    seen: set[tuple[str, str | None]] = set()
+    try:
+        for spec in specs:
+            dataset = spec.config["dataset"]
+            subset = table.data_subset(spec.scale)
+            key = (dataset, spec.config.get("data_dir"))
+            if key in seen:
+                continue
+            seen.add(key)
+            if subset is not None:
+                make_subset(dataset, source_dir, Path(out) / "_data", subset)
+            else:
+                load_dataset(dataset, spec.config.get("data_dir"), train=False, download=download)
+    except DatasetError as exc:
+        message = (f"{table.paper}/{table.id} needs '{dataset}': {exc} Pass --data-dir DIR (or set $FEDNORM_DATA) to the "
+                   f"folder holding the files" + ("" if download else ", or --download where there is a network") + ".")
+        missing.parent.mkdir(parents=True, exist_ok=True)
+        missing.write_text(message + "\n")
+        raise DatasetError(message) from None
+    if missing.is_file():
+        missing.unlink()
+
+
+# -- executing runs ------------------------------------------------------------------------
+
+_DATA_CACHE: dict[str, Any] = {}
+
+
+def _data_for(config: Mapping[str, Any]):
+    """The client data of ``config``, reused between consecutive runs of this process."""
+    from ..data.federated import federated_data_from_config
+
+    key = json.dumps({k: config.get(k) for k in DATA_KEYS}, sort_keys=True)
+    if key not in _DATA_CACHE:
+        _DATA_CACHE.clear()  # one dataset in memory at a time (full CIFAR-10 is ~600 MB as float32)
+        _DATA_CACHE[key] = federated_data_from_config(load_config(None, config))
+    return _DATA_CACHE[key]
+
+
+@dataclass
+class Outcome:
+    """What one invocation did to one run."""
+
+    dir: str
+    action: str
+    status: str
+    rounds: int | None
+    wall_seconds: float
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _append_record(spec: RunSpec, invocation: dict[str, Any]) -> None:
+    path = spec.dir / RECORD_NAME
+    record = _read_json(path) or {}
+    record.update({"paper": spec.paper, "table": spec.table, "run_id": spec.run_id, "seed": spec.seed, "scale": spec.scale,
+                   "cells": [list(c) for c in spec.cells], "paper_rounds": spec.paper_rounds,
+                   "run_command": f"fednorm run --config {spec.dir / 'config.yaml'}"})
+    record.setdefault("invocations", []).append(invocation)
+    record["wall_seconds"] = sum(float(i.get("wall_seconds") or 0.0) for i in record["invocations"])
+    spec.dir.mkdir(parents=True, exist_ok=True)
+    tmp = spec.dir / f".{RECORD_NAME}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def execute(spec: RunSpec, state: RunState, *, command: str = "", git: Mapping[str, Any] | None = None,
+            progress: bool | None = False) -> Outcome:
+    """Run, resume or extend one run with :func:`fednorm.api.run`; record the invocation.
+
+    A run that diverges or loses its clients is a result (its summary says so), not an error of
+    the suite; missing data (:class:`DatasetError`) and bad settings propagate.
+    """
+    import torch
+
+    from .. import api
+    from ..errors import DivergenceError, RoundFailedError
+
+    cfg = spec.config
+    threads = torch.get_num_threads()  # the engine sets the run's threads; give the caller its own back
+    start = time.perf_counter()
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    error = None
+    try:
+        if cfg.get("threads"):
+            torch.set_num_threads(int(cfg["threads"]))
+        data = _data_for(cfg)
+        if state.action in ("resume", "extend"):
+            keep = {k: cfg[k] for k in ("threads", "device", "checkpoint_every", "eval_batch_size") if cfg.get(k) is not None}
+            result = api.run(resume=spec.dir, data=data, progress=progress, rounds=cfg["rounds"], **keep)
+        else:
+            result = api.run(cfg, data=data, progress=progress)
+        summary = result.summary
+    except (DivergenceError, RoundFailedError) as exc:
+        summary = _read_json(spec.dir / "summary.json") or {"status": "failed"}
+        error = str(exc)
+    finally:
+        torch.set_num_threads(threads)
+    wall = time.perf_counter() - start
+    status = str(summary.get("status"))
+    rounds = summary.get("rounds")
+    _append_record(spec, {"started": started, "action": state.action, "status": status, "rounds": rounds,
+                          "wall_seconds": round(wall, 3), "command": command, **(git or {})})
+    return Outcome(str(spec.dir), state.action, status, rounds, wall, summary, error)
+
+
+def _work(payload: dict[str, Any]) -> dict[str, Any]:
+    """Process-pool entry point (``--jobs``): one run in a worker process."""
+    spec = RunSpec(**{**payload["spec"], "dir": Path(payload["spec"]["dir"]),
+                      "cells": [tuple(c) for c in payload["spec"]["cells"]]})
+    outcome = execute(spec, RunState(**payload["state"]), command=payload["command"], git=payload["git"])
+    out = asdict(outcome)
+    out["summary"] = None if outcome.summary is None else {k: outcome.summary.get(k) for k in (
+        "status", "rounds", "final_test_accuracy", "best_test_accuracy", "last10_mean_test_accuracy", "final_mean_client_accuracy")}
+    return out
+
+
+class SuiteInterrupted(KeyboardInterrupt):
+    """The suite stopped on SIGINT/SIGTERM; every started run wrote a checkpoint."""
+
+
+def run_all(
+    work: Sequence[tuple[RunSpec, RunState]],
+    *,
+    jobs: int = 1,
+    command: str = "",
+    git: Mapping[str, Any] | None = None,
+    on_done: Callable[[RunSpec, Outcome], None] | None = None,
+    progress: bool | None = None,
+) -> list[Outcome]:
+    """Execute ``work`` (runs that are not done), in this process or over ``jobs`` processes.
+
+    An interrupted run (SIGINT/SIGTERM: the engine checkpoints after the current round) stops the
+    suite with :class:`SuiteInterrupted`; the same command resumes it.
+    """
+    outcomes: list[Outcome] = []
+    if jobs <= 1:
+        for spec, state in work:
+            outcome = execute(spec, state, command=command, git=git, progress=progress)
+            outcomes.append(outcome)
+            if on_done:
+                on_done(spec, outcome)
+            if outcome.status == "interrupted":
+                raise SuiteInterrupted(f"interrupted during {spec.dir}")
+        return outcomes
+
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    ctx = multiprocessing.get_context("spawn")  # no forked torch thread pools
+    pending = list(work)
+    interrupted = False
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        running: dict[Any, RunSpec] = {}
+
+        def submit() -> None:
+            while pending and len(running) < jobs and not interrupted:
+                spec, state = pending.pop(0)
+                payload = {"spec": {**asdict(spec), "dir": str(spec.dir)}, "state": asdict(state), "command": command, "git": dict(git or {})}
+                running[pool.submit(_work, payload)] = spec
+
+        submit()
+        try:
+            while running:
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    spec = running.pop(fut)
+                    res = fut.result()
+                    outcome = Outcome(**res)
+                    outcomes.append(outcome)
+                    if on_done:
+                        on_done(spec, outcome)
+                    if outcome.status == "interrupted":
+                        interrupted = True
+                submit()
+        except KeyboardInterrupt:
+            interrupted = True
+            pending.clear()
+            for fut in list(running):  # workers got the signal too: they checkpoint and return
+                try:
+                    res = fut.result()
+                except BaseException:  # noqa: BLE001 - a worker killed by a second signal
+                    continue
+                outcomes.append(Outcome(**res))
+                if on_done:
+                    on_done(running[fut], outcomes[-1])
+    if interrupted:
+        raise SuiteInterrupted("interrupted")
+    return outcomes
+
+
+def states(specs: Iterable[RunSpec]) -> list[tuple[RunSpec, RunState]]:
+    return [(s, run_state(s)) for s in specs]

@@ -1,0 +1,366 @@
+"""fednorm reproduce: the shipped table configs, caching, resuming, the report, the CLI.
+
+Most tests use a tiny table on the embedded digits (written to a temporary configs folder), so they
+need no data files; the end-to-end test of a shipped table skips when ../shared/data is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import fednorm.api
+from fednorm.cli.main import main
+from fednorm.config import ExperimentConfig
+from fednorm.engine.simulator import Simulation
+from fednorm.errors import ConfigError, DatasetError
+from fednorm.reproduce import PAPERS, collect, list_tables, load_paper, plan, run_state, validate_table, write_report
+from fednorm.reproduce import runner
+from fednorm.reproduce.suite import load_table
+
+TINY = textwrap.dedent(
+    """\
+    paper: hbn
+    table: tiny
+    title: "A tiny table on the embedded digits"
+    source: "tests/test_reproduce.py"
+    claim: "a beats b"
+    metric: test_accuracy
+    compare: [final, best]
+    seeds: 1
+    base:
+      dataset: digits
+      partition: dirichlet
+      alpha: 0.5
+      num_clients: 4
+      model: simple_cnn
+      rounds: 40
+      local_epochs: 1
+      batch_size: 32
+      lr: 0.05
+      eval_every: 1
+      checkpoint_every: 2
+      seed: 3
+    reduced:
+      description: "4 rounds"
+      set: {rounds: 4}
+    rows:
+      - {id: a, label: "A", set: {norm: bn}}
+      - {id: b, label: "B", set: {norm: gn, norm_args: {num_groups: 2}}}
+      - {id: c, label: "C", set: {norm: none}}
+    columns:
+      - {id: x, label: "alpha 0.5", set: {alpha: 0.5}}
+      - {id: y, label: "alpha 0.1", set: {alpha: 0.1}}
+    cells:
+      a: {x: 80.0, y: {paper: 70.0, approx: true, note: "about 70"}}
+      b: {x: 75.0, y: 60.0}
+      c: {x: {skip: "no norm is not in this table"}, y: "qualitative only"}
+    """
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: two threads on a busy 2-core machine spin in OpenMP barriers (a run took
+    50x longer). Restored afterwards for the other test files."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def tiny_configs(tmp_path: Path) -> Path:
+    root = tmp_path / "configs"
+    (root / "hbn").mkdir(parents=True)
+    (root / "hbn" / "tiny.yaml").write_text(TINY)
+    return root
+
+
+def _tiny(root: Path):
+    return load_paper("hbn", ["tiny"], root)
+
+
+# -- the shipped tables ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+def test_shipped_tables_validate_at_both_scales(paper: str, tmp_path: Path) -> None:
+    tables = load_paper(paper)
+    assert tables, f"no table configs for {paper}"
+    for table in tables:
+        counts = validate_table(table)  # every cell through ExperimentConfig, full and reduced
+        assert counts["full"] == counts["reduced"] == len(table.rows) * len(table.columns)
+        assert table.reduced["description"].strip()
+        # the paper's numbers are data: every row has at least one paper number or statement
+        for row in table.rows:
+            cells = [table.cell(row.id, c.id) for c in table.columns]
+            assert any(c.paper is not None or c.paper_text or c.skip for c in cells) or row.id in ("silobn",), (table.id, row.id)
+        for scale in ("full", "reduced"):
+            specs = plan([table], scale=scale, out=tmp_path / scale)
+            dirs = [s.dir for s in specs]
+            assert len(dirs) == len(set(dirs))
+            planned = {cell for s in specs for cell in s.cells}
+            runnable = {(r.id, c.id) for r in table.rows for c in table.columns if not table.cell(r.id, c.id).skip}
+            assert planned == runnable
+            # full scale is the paper's setting; the reduced one is smaller
+            rounds = {s.config["rounds"] for s in specs}
+            if scale == "reduced":
+                assert max(rounds) < min(table.paper_rounds(r.id, c.id) for r, c in [(table.rows[0], table.columns[0])])
+
+
+def test_table_file_errors_name_the_file(tmp_path: Path) -> None:
+    (tmp_path / "hbn").mkdir()
+    bad = tmp_path / "hbn" / "tiny.yaml"
+    bad.write_text(TINY.replace("  a: {x: 80.0", "  zz: {x: 80.0"))
+    with pytest.raises(ConfigError, match=r"tiny.yaml.*unknown row 'zz'"):
+        load_table(bad)
+    bad.write_text(TINY.replace("  lr: 0.05", "  lr: -1"))
+    with pytest.raises(ConfigError, match=r"(?s)tiny.yaml: cell a/x at full scale.*lr"):
+        validate_table(load_table(bad))
+    bad.write_text(TINY.replace("reduced:\n  description: \"4 rounds\"\n", "reduced:\n"))
+    with pytest.raises(ConfigError, match="reduced.description"):
+        load_table(bad)
+
+
+def test_plan_merges_settings_and_shares_identical_runs(tiny_configs: Path, tmp_path: Path) -> None:
+    (table,) = _tiny(tiny_configs)
+    specs = plan([table], scale="reduced", out=tmp_path, seeds=2, overrides={"device": "cpu", "threads": 1})
+    by_cell = {cell: s for s in specs for cell in s.cells}
+    assert ("c", "x") not in by_cell  # skipped
+    a_y = next(s for s in specs if s.cells == [("a", "y")] and s.seed == 3)
+    assert a_y.config["alpha"] == 0.1 and a_y.config["norm"] == "bn" and a_y.config["rounds"] == 4
+    assert a_y.config["threads"] == 1 and a_y.dir == tmp_path.resolve() / "tiny" / "a__y" / "seed3"
+    assert sorted({s.seed for s in specs}) == [3, 4]
+    # a row whose setting makes two columns identical runs once for both
+    (tiny_configs / "hbn" / "tiny.yaml").write_text(TINY.replace('set: {norm: none}', 'set: {norm: none, alpha: 0.3}'))
+    (table,) = _tiny(tiny_configs)
+    specs = plan([table], scale="reduced", out=tmp_path, seeds=1, columns=["x", "y"])
+    c_runs = [s for s in specs if s.cells[0][0] == "c"]
+    assert len(c_runs) == 1 and c_runs[0].cells == [("c", "y")]  # (c, x) is skipped
+
+
+# -- running: caching, resuming ---------------------------------------------------------------
+
+
+def _summaries(out: Path) -> dict[str, float]:
+    return {str(p): p.stat().st_mtime_ns for p in sorted(out.rglob("summary.json"))}
+
+
+def test_cli_caches_finished_runs(tiny_configs: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    args = ["reproduce", "hbn", "--configs", str(tiny_configs), "--table", "tiny", "--scale", "reduced", "--out", str(out),
+            "--no-plots", "--quiet"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert "5 runs in 1 table(s): 5 new" in first and "[5/5]" in first
+    mtimes = _summaries(out)
+    assert len(mtimes) == 5
+    for path in mtimes:
+        assert json.loads(Path(path).read_text())["status"] == "completed"
+        record = json.loads((Path(path).parent / "reproduce.json").read_text())
+        assert record["invocations"][0]["command"].startswith("fednorm reproduce hbn")
+        assert "commit" in record["invocations"][0]
+    assert main(args) == 0
+    second = capsys.readouterr().out
+    assert "5 runs in 1 table(s): 5 done" in second and "[1/" not in second
+    assert _summaries(out) == mtimes  # nothing was rerun
+    results = json.loads((out / "results.json").read_text())
+    cells = {(c["row"], c["column"]): c for c in results["tables"][0]["cells"]}
+    assert cells[("c", "x")]["status"] == "skipped" and cells[("c", "x")]["reason"] == "no norm is not in this table"
+    assert cells[("a", "x")]["status"] == "ok" and cells[("a", "x")]["stats"]["final"]["n"] == 1
+    # --dry-run reports the same, runs nothing
+    assert main(args + ["--dry-run"]) == 0
+    assert capsys.readouterr().out.count("  done ") == 5
+
+
+class _Interrupting(Simulation):
+    """Stops (as on SIGINT) after training round 3, before it is logged: the last checkpoint is round 2."""
+
+    def rounds(self):
+        for record in super().rounds():
+            if self.server_round >= 3:
+                raise KeyboardInterrupt
+            yield record
+
+
+def test_interrupted_run_resumes_from_its_checkpoint(tiny_configs: Path, tmp_path: Path, monkeypatch) -> None:
+    (table,) = _tiny(tiny_configs)
+    (spec,) = plan([table], scale="reduced", out=tmp_path / "out", rows=["a"], columns=["x"])
+    assert spec.config["checkpoint_every"] == 2 and spec.config["rounds"] == 4
+    reference = fednorm.api.run({**spec.config, "out": str(tmp_path / "reference")}, progress=False)
+
+    with pytest.raises(KeyboardInterrupt):
+        fednorm.api.run(spec.config, progress=False, simulation=_Interrupting)
+    summary = json.loads((spec.dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    state = run_state(spec)
+    assert state.action == "resume"
+
+    calls = []
+    real_run = fednorm.api.run
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("resume"))
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(fednorm.api, "run", spy)
+    outcome = runner.execute(spec, state, command="test")
+    assert calls == [spec.dir]  # continued from the run directory, not started afresh
+    assert outcome.status == "completed" and outcome.rounds == 4
+    history = [json.loads(line) for line in (spec.dir / "metrics.jsonl").read_text().splitlines()]
+    assert [h["round"] for h in history] == [1, 2, 3, 4]
+    np.testing.assert_allclose([h["test_accuracy"] for h in history], [h["test_accuracy"] for h in reference.history])
+    record = json.loads((spec.dir / runner.RECORD_NAME).read_text())
+    assert [i["action"] for i in record["invocations"]] == ["resume"]
+    assert run_state(spec).action == "done"
+
+    # a longer plan extends the finished run; a shorter one or a changed setting is refused
+    (longer,) = plan([table], scale="reduced", out=tmp_path / "out", rows=["a"], columns=["x"], overrides={"rounds": 6})
+    assert run_state(longer).action == "extend"
+    (shorter,) = plan([table], scale="reduced", out=tmp_path / "out", rows=["a"], columns=["x"], overrides={"rounds": 3})
+    with pytest.raises(ConfigError, match="longer run"):
+        run_state(shorter)
+    (tiny_configs / "hbn" / "tiny.yaml").write_text(TINY.replace("lr: 0.05", "lr: 0.02"))
+    (changed,) = plan(_tiny(tiny_configs), scale="reduced", out=tmp_path / "out", rows=["a"], columns=["x"])
+    with pytest.raises(ConfigError, match=r"(?s)different experiment.*lr: 0.05 -> 0.02"):
+        run_state(changed)
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+def _fake_run(spec: runner.RunSpec, seed: int, accs: list[float], status: str = "completed") -> None:
+    """A run directory with known accuracies, as the engine and the runner write it."""
+    d = spec.dir.parent / f"seed{seed}"
+    d.mkdir(parents=True)
+    cfg = ExperimentConfig(**{**spec.config, "seed": seed, "out": str(d)})
+    (d / "config.yaml").write_text(cfg.to_yaml())
+    (d / "metrics.jsonl").write_text("".join(json.dumps({"round": r + 1, "test_accuracy": a}) + "\n" for r, a in enumerate(accs)))
+    (d / "summary.json").write_text(json.dumps({"status": status, "rounds": len(accs), "seed": seed, "wall_seconds": 1.0}))
+    (d / runner.RECORD_NAME).write_text(json.dumps({"wall_seconds": 2.0, "invocations": [
+        {"commit": "abc123", "dirty": False, "command": "fednorm reproduce hbn"}]}))
+
+
+def test_report_from_known_run_summaries(tiny_configs: Path, tmp_path: Path) -> None:
+    (table,) = _tiny(tiny_configs)
+    out = tmp_path / "out"
+    specs = {cell: s for s in plan([table], scale="reduced", out=out) for cell in s.cells}
+    rng = np.random.default_rng(0)
+    curves = {}
+    for cell, seeds in ((("a", "x"), [3, 4, 5]), (("b", "x"), [3, 4]), (("a", "y"), [3])):
+        for seed in seeds:
+            accs = list(rng.uniform(0.1, 0.9, size=12))
+            curves.setdefault(cell, []).append(accs)
+            _fake_run(specs[cell], seed, accs)
+    _fake_run(specs[("b", "y")], 3, [0.5, 0.6], status="interrupted")
+    results = collect([table], scale="reduced", out=out)
+    cells = {(c["row"], c["column"]): c for c in results["tables"][0]["cells"]}
+
+    for cell, runs in curves.items():
+        got = cells[cell]
+        finals = [100 * r[-1] for r in runs]
+        bests = [100 * max(r) for r in runs]
+        last10 = [100 * float(np.mean(r[-10:])) for r in runs]
+        for stat, values in (("final", finals), ("best", bests), ("last10", last10)):
+            assert got["stats"][stat]["mean"] == pytest.approx(float(np.mean(values)))
+            assert got["stats"][stat]["n"] == len(values)
+            if len(values) > 1:
+                assert got["stats"][stat]["std"] == pytest.approx(float(np.std(values, ddof=1)))
+            else:
+                assert got["stats"][stat]["std"] is None
+        paper = {("a", "x"): 80.0, ("b", "x"): 75.0, ("a", "y"): 70.0}[cell]
+        assert got["diff"]["final"] == pytest.approx(float(np.mean(finals)) - paper)
+        assert got["diff"]["best"] == pytest.approx(float(np.mean(bests)) - paper)
+        assert got["status"] == "ok"
+    assert cells[("b", "y")]["status"] == "interrupted" and cells[("b", "y")]["stats"]["final"]["n"] == 0
+    assert "at round 2" in cells[("b", "y")]["reason"]
+    assert cells[("c", "x")]["status"] == "skipped"
+    assert cells[("c", "y")]["status"] == "not run" and cells[("c", "y")]["paper_text"] == "qualitative only"
+
+    # the ordering in column x: the paper has a (80) > b (75); ours by the final accuracy
+    order = results["tables"][0]["ordering"]["x"]
+    ours_a, ours_b = (statistics.fmean(100 * r[-1] for r in curves[(k, "x")]) for k in ("a", "b"))
+    assert order["pairs"] == 1 and order["holds"] == (ours_a > ours_b)
+    assert results["tables"][0]["ordering"]["y"]["holds"] is None  # b/y has no completed run
+
+    paths = write_report(results, plots=True)
+    text = paths["report"].read_text()
+    a_x = cells[("a", "x")]["stats"]["final"]
+    assert f"{a_x['mean']:.2f} ± {a_x['std']:.2f}" in text
+    assert "no norm is not in this table" in text and "qualitative only" in text and "4 rounds" in text
+    assert json.loads(paths["results"].read_text())["tables"][0]["table"] == "tiny"
+    assert (out / "plots" / "tiny_curves.png").is_file() and (out / "plots" / "tiny_bars.png").is_file()
+    # --report-only rebuilds the same numbers from the run directories
+    os.remove(paths["report"])
+    assert main(["reproduce", "hbn", "--configs", str(tiny_configs), "--table", "tiny", "--scale", "reduced", "--out", str(out),
+                 "--report-only", "--no-plots"]) == 0
+    assert f"{a_x['mean']:.2f} ± {a_x['std']:.2f}" in paths["report"].read_text()
+
+
+# -- user mistakes: one clear line, no traceback ----------------------------------------------
+
+
+def test_cli_errors_are_clear(tiny_configs: Path, tmp_path: Path, capsys) -> None:
+    assert main(["reproduce", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown paper 'nope'" in err and "hbn, fedtan, fbn, ln, fedbn" in err and "Traceback" not in err
+    assert main(["reproduce", "hbn", "--table", "table9"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown table 'table9'" in err and "table1" in err
+    assert main(["reproduce", "hbn", "--table", "table1", "--rows", "bn,zz"]) == 2
+    assert "unknown row 'zz'" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code = main(["reproduce", "hbn", "--table", "table1", "--scale", "reduced", "--rows", "bn", "--columns", "phi0.6",
+                 "--data-dir", str(empty), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert str(empty) in err and "cifar10" in err and "--data-dir" in err
+    assert main(["reproduce", "--list"]) == 0
+    listing = capsys.readouterr().out
+    for paper in PAPERS:
+        assert f"{paper}: " in listing and list_tables(paper)[0] in listing
+
+
+def test_missing_data_is_a_dataset_error(tmp_path: Path) -> None:
+    (table,) = load_paper("fedtan", ["table1"])
+    specs = plan([table], scale="full", out=tmp_path, data_dir=str(tmp_path), rows=["fedtan"], columns=["iid"])
+    with pytest.raises(DatasetError, match="--data-dir"):
+        runner.prepare_data(table, specs, source_dir=str(tmp_path), out=tmp_path)
+    assert runner.data_missing_file(tmp_path, "table1").is_file()
+
+
+# -- one shipped table end to end on the real data ----------------------------------------------
+
+
+def test_shipped_table_reduced_end_to_end(shared_data: Path, tmp_path: Path, capsys) -> None:
+    """HBN Table 1 at its reduced scale through the CLI (two rows, one column: about 5 s)."""
+    out = tmp_path / "hbn"
+    code = main(["reproduce", "hbn", "--table", "table1", "--scale", "reduced", "--seeds", "1", "--rows", "bn,hbn",
+                 "--columns", "phi0.6", "--data-dir", str(shared_data), "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "[2/2]" in printed
+    results = json.loads((out / "results.json").read_text())
+    (t,) = results["tables"]
+    cells = {(c["row"], c["column"]): c for c in t["cells"]}
+    for row in ("bn", "hbn"):
+        cell = cells[(row, "phi0.6")]
+        assert cell["status"] == "ok" and cell["rounds"] == [3] and cell["paper_rounds"] == 500
+        assert 0.0 <= cell["stats"]["final"]["mean"] <= 100.0
+        assert cell["diff"]["best"] == pytest.approx(cell["stats"]["best"]["mean"] - cell["paper"])
+    assert cells[("gn", "phi0.6")]["status"] == "not run"
+    subset = yaml.safe_load((out / "table1" / "bn__phi0.6" / "seed42" / "config.yaml").read_text())["data_dir"]
+    assert Path(subset).parent == out.resolve() / "_data"
+    text = (out / "report.md").read_text()
+    assert "HBN Table 1" in text and "75.82" in text and "3 of 500" in text
+    assert (out / "plots" / "table1_curves.png").is_file()
