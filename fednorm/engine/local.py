@@ -88,6 +88,28 @@ def batch_plan(
     return plan
 
 
+@torch.no_grad()
+def _sgd_step(params: list[torch.Tensor], buffers: list[torch.Tensor | None], lr: float, momentum: float,
+              weight_decay: float) -> None:
+    """One step of ``torch.optim.SGD(params, lr, momentum, weight_decay)`` (no dampening, no
+    Nesterov), the same arithmetic as its per-tensor CPU path, written out because constructing
+    the first ``torch.optim.SGD`` of a process imports ``torch._dynamo`` (about a second)."""
+    for i, p in enumerate(params):
+        g = p.grad
+        if g is None:
+            continue
+        if weight_decay:
+            g = g.add(p, alpha=weight_decay)
+        if momentum:
+            buf = buffers[i]
+            if buf is None:
+                buffers[i] = buf = torch.clone(g).detach()
+            else:
+                buf.mul_(momentum).add_(g)
+            g = buf
+        p.add_(g, alpha=-lr)
+
+
 def _dsgd_step(
     params: list[tuple[str, nn.Parameter]], lr: float, spec: LocalSpec, momentum: dict[str, torch.Tensor] | None
 ) -> dict[str, torch.Tensor]:
@@ -142,9 +164,7 @@ def train_local(
     model.train()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
-    opt = None
-    if not spec.dsgd:
-        opt = torch.optim.SGD(params, lr=lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+    buffers: list[torch.Tensor | None] = [None] * len(params)  # a fresh optimiser every round
     result = LocalResult()
     for batch in plan:
         xb = x.index_select(0, batch)
@@ -165,7 +185,7 @@ def train_local(
         if spec.dsgd:
             result.momentum = _dsgd_step(named, lr, spec, momentum)
         else:
-            opt.step()  # type: ignore[union-attr]
+            _sgd_step(params, buffers, lr, spec.momentum, spec.weight_decay)
         result.loss_sum += float(loss.detach()) * len(batch)
         result.num_seen += len(batch)
         result.steps += 1

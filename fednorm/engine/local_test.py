@@ -41,3 +41,22 @@ def test_derived_seeds_are_stable_and_distinct():
     assert len({a, derive_seed(0, "batches", 3, 8), derive_seed(0, "batches", 4, 7), derive_seed(1, "batches", 3, 7)}) == 4
     x = torch.rand(3, generator=torch_generator(5, "x"))
     assert torch.equal(x, torch.rand(3, generator=torch_generator(5, "x")))
+
+
+def test_the_written_out_sgd_step_equals_torch_optim_sgd_bit_for_bit() -> None:
+    from fednorm.engine.local import _sgd_step
+
+    gen = torch.Generator().manual_seed(0)
+    for momentum, weight_decay in [(0.0, 0.0), (0.9, 0.0), (0.9, 5e-4), (0.5, 1e-3)]:
+        a = [torch.randn(5, 3, generator=gen, requires_grad=True), torch.randn(7, generator=gen, requires_grad=True)]
+        b = [t.detach().clone().requires_grad_() for t in a]
+        opt = torch.optim.SGD(b, lr=0.05, momentum=momentum, weight_decay=weight_decay)
+        buffers: list = [None, None]
+        for _ in range(4):
+            grads = [torch.randn(t.shape, generator=gen) for t in a]
+            for p, q, g in zip(a, b, grads):
+                p.grad, q.grad = g.clone(), g.clone()
+            _sgd_step(a, buffers, 0.05, momentum, weight_decay)
+            opt.step()
+            for p, q in zip(a, b):
+                assert torch.equal(p, q)
