@@ -56,7 +56,7 @@ def resolve_config(config: ExperimentConfig | Mapping[str, Any] | str | Path | N
 
 
 # Settings that may change when a run is resumed; every other field must match the checkpoint.
-RESUMABLE_OVERRIDES = ("rounds", "eval_every", "eval_batch_size", "checkpoint_every", "threads", "out", "device")
+RESUMABLE_OVERRIDES = ("rounds", "eval_every", "eval_last_rounds", "eval_batch_size", "checkpoint_every", "threads", "out", "device")
 
 
 class _StopRequest:
@@ -116,8 +116,9 @@ def run(
             including checkpoints every ``checkpoint_every`` rounds and at the end.
         progress: show a progress bar (default: only on a terminal).
         resume: a run directory to continue from its latest checkpoint; its ``config.yaml`` is
-            the config, and only ``rounds``, ``eval_every``, ``checkpoint_every``, ``threads``,
-            ``device`` may be overridden (e.g. ``rounds=`` to extend a finished run).
+            the config, and only :data:`RESUMABLE_OVERRIDES` (``rounds``, ``eval_every``,
+            ``eval_last_rounds``, ``checkpoint_every``, ``threads``, ``device``, ...) may be
+            overridden (e.g. ``rounds=`` to extend a finished run).
         simulation: the runtime (default: in this process;
             :class:`fednorm.distributed.DistributedSimulation` spreads the clients over
             torch.distributed ranks, and every rank calls ``run``; only rank 0 writes).

@@ -148,6 +148,11 @@ class ExperimentConfig(BaseModel):
         description="evaluate every N rounds (the last round is always evaluated); default: every round for runs "
         "of up to 50 rounds, else rounds // 50 (about 50 evaluations, so evaluation stays a small part of a long run)",
     )
+    eval_last_rounds: int = Field(
+        0, ge=0,
+        description="also evaluate each of the last N rounds (the HBN code reports the mean of the last 10 "
+        "evaluations, one per round; with eval_last_rounds 10 a run evaluating every 10th round has them too)",
+    )
     eval_batch_size: int = Field(1024, ge=1, description="batch size for evaluation")
 
     # --- reliability ------------------------------------------------------------------------

@@ -60,3 +60,11 @@ def test_lr_schedule_exponential_and_steps():
 def test_names_are_normalised():
     cfg = ExperimentConfig(method="FedAvg", norm="BN", model="simple-cnn")
     assert (cfg.method, cfg.norm, cfg.model) == ("fedavg", "bn", "simple_cnn")
+
+
+def test_eval_last_rounds_adds_the_final_rounds_to_the_cadence() -> None:
+    from fednorm import api
+
+    res = api.run(dict(dataset="digits", num_clients=3, rounds=12, eval_every=5, eval_last_rounds=3, batch_size=32),
+                  write=False, progress=False)
+    assert [h["round"] for h in res.history] == [5, 10, 11, 12]

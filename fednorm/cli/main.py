@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--config", type=Path, help="YAML config file (options below override it)")
     p_run.add_argument(
         "--resume", type=Path, metavar="RUN_DIR",
-        help="continue a run from its latest checkpoint (only --rounds, --eval-every, --checkpoint-every, --threads, --device may change)",
+        help="continue a run from its latest checkpoint (only --rounds, --eval-every, --eval-last-rounds, --checkpoint-every, --threads, --device may change)",
     )
     p_run.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_config_options(p_run)

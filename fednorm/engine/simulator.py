@@ -382,9 +382,11 @@ class Simulation:
         return RoundRecord(server_round, clients, train_loss, plan.lr, time.perf_counter() - plan.start)
 
     def finish_round(self, record: RoundRecord) -> None:
-        """Evaluate when due (every ``eval_every`` rounds and after the last) and log the metrics."""
+        """Evaluate when due (every ``eval_every`` rounds, each of the last ``eval_last_rounds``
+        rounds, and after the last) and log the metrics."""
         cfg = self.config
-        if record.server_round % cfg.eval_every == 0 or record.server_round == cfg.rounds:
+        r = record.server_round
+        if r % cfg.eval_every == 0 or r == cfg.rounds or r > cfg.rounds - cfg.eval_last_rounds:
             record.metrics = self.evaluate()
             record.metrics.update(
                 {
