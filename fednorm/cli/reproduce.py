@@ -78,12 +78,11 @@ def _list(args: argparse.Namespace, root: Path | None) -> int:
             continue
         print(f"{paper}: {', '.join(list_tables(paper, root))}")
         for t in tables:
-            runs = {s: sum(1 for r in t.rows for c in t.columns if not t.cell(r.id, c.id).skip) for s in ("full",)}
+            skipped = [f"{r}/{c}" for (r, c), cell in t.cells.items() if cell.skip]
             print(f"  {t.id}: {t.title}")
             print(f"    rows: {', '.join(r.id for r in t.rows)}")
             print(f"    columns: {', '.join(c.id for c in t.columns)}")
-            skipped = [f"{r}/{c}" for (r, c), cell in t.cells.items() if cell.skip]
-            print(f"    cells run: {runs['full']}" + (f" (skipped: {', '.join(skipped)})" if skipped else "")
+            print(f"    cells: {len(t.rows) * len(t.columns) - len(skipped)} run" + (f", skipped: {', '.join(skipped)}" if skipped else "")
                   + f"; seeds: {t.seeds}; reduced: {t.reduced.get('description', '')}")
     return 0
 
@@ -176,7 +175,7 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         runner.run_all(ready, jobs=args.jobs, command=cmd, git=git, on_done=on_done,
                        progress=False if (args.quiet or args.jobs > 1) else None)
     except runner.SuiteInterrupted:
-        print(f"fednorm reproduce: interrupted; every started run has a checkpoint. Run the same command again to resume.",
+        print("fednorm reproduce: interrupted; every started run has a checkpoint. Run the same command again to resume.",
               file=sys.stderr)
         write_report()
         return 130

@@ -279,12 +279,14 @@ def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
     lines = [f"## {t['title']}", "", f"`{t['config_file']}` — source: {t['source']}", ""]
     if t["claim"]:
         lines += [f"**Paper's claim:** {t['claim']}", ""]
+    ran = sorted({r for c in t["cells"] for r in c.get("rounds") or []})
+    ours = ran or t["planned_rounds"]
     paper_r = "/".join(map(str, t["paper_rounds"]))
-    ours_r = "/".join(map(str, t["planned_rounds"]))
     fraction = ""
-    if len(t["paper_rounds"]) == 1 and len(t["planned_rounds"]) == 1 and t["paper_rounds"][0]:
-        fraction = f" ({100 * t['planned_rounds'][0] / t['paper_rounds'][0]:.3g}% of the paper's rounds)"
-    lines += [f"**Scale:** {t['scale_description']} Planned rounds {ours_r} of the paper's {paper_r}{fraction}.", ""]
+    if len(t["paper_rounds"]) == 1 and len(ours) == 1 and t["paper_rounds"][0]:
+        fraction = f" ({100 * ours[0] / t['paper_rounds'][0]:.3g}% of the paper's)"
+    what = "Rounds run" if ran else "Rounds planned"
+    lines += [f"**Scale:** {t['scale_description']} {what}: {'/'.join(map(str, ours))} of the paper's {paper_r}{fraction}.", ""]
     if t.get("data_subset"):
         ds = t["data_subset"]
         lines += [f"**Data subset:** {ds['train_per_class']} training and {ds['test_per_class']} test images per class "

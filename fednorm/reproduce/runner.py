@@ -91,10 +91,8 @@ def _seeds(table: Table, row_id: str, scale: str, seeds: int | None, base_seed: 
     return [base_seed + i for i in range(n)]
 
 
-def _select(ids: Sequence[str], wanted: Sequence[str] | None, what: str, table: Table) -> list[str]:
-    if not wanted:
-        return list(ids)
-    return [i for i in ids if i in wanted]
+def _select(ids: Sequence[str], wanted: Sequence[str] | None) -> list[str]:
+    return list(ids) if not wanted else [i for i in ids if i in wanted]
 
 
 def check_selection(tables: Sequence[Table], rows: Sequence[str] | None, columns: Sequence[str] | None) -> None:
@@ -129,8 +127,8 @@ def plan(
         subset = table.data_subset(scale)
         by_config: dict[str, RunSpec] = {}
         keyed: list[tuple[tuple, RunSpec]] = []
-        row_ids = _select([r.id for r in table.rows], rows, "row", table)
-        col_ids = _select([c.id for c in table.columns], columns, "column", table)
+        row_ids = _select([r.id for r in table.rows], rows)
+        col_ids = _select([c.id for c in table.columns], columns)
         for r_index, row_id in enumerate(row_ids):
             for c_index, col_id in enumerate(col_ids):
                 if table.cell(row_id, col_id).skip:
