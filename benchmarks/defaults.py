@@ -5,6 +5,7 @@ curve (test accuracy after every round, mean over seeds, with the spread of the 
 writes a JSON of every run plus a plot. The settings are the ones the issue measured:
 
 * ``iid``: digits, IID, 8 clients, 10 rounds (FBN's "learns slowly with local epochs");
+* ``iid_long``: the same for 40 rounds (does the gap close?);
 * ``dirichlet``: digits, Dirichlet(0.3), 8 clients, 5 rounds (FBN's unequal-clients crash and
   HBN's "defaults do not learn on short runs");
 * ``central``: one client holding all digits, 6 local steps a round for 10 rounds: the same number
@@ -37,6 +38,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "iid": dict(dataset="digits", partition="iid", num_clients=8, rounds=10),
     "dirichlet": dict(dataset="digits", partition="dirichlet", alpha=0.3, num_clients=8, rounds=5),
     "central": dict(dataset="digits", partition="iid", num_clients=1, local_steps=6, rounds=10),
+    # does FBN's slower start close with more rounds? (iid, 4x the rounds)
+    "iid_long": dict(dataset="digits", partition="iid", num_clients=8, rounds=40),
 }
 VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "fbn": {
