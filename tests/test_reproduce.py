@@ -235,6 +235,21 @@ def test_interrupted_run_resumes_from_its_checkpoint(tiny_configs: Path, tmp_pat
         run_state(changed)
 
 
+def test_a_run_held_by_another_process_is_left_alone(tiny_configs: Path, tmp_path: Path) -> None:
+    import socket
+
+    (table,) = _tiny(tiny_configs)
+    (spec,) = plan([table], scale="reduced", out=tmp_path, rows=["a"], columns=["x"])
+    spec.dir.mkdir(parents=True)
+    lock = spec.dir / runner.LOCK_NAME
+    lock.write_text(f"{os.getppid()} {socket.gethostname()}")  # a live process of this host
+    assert "running now" in run_state(spec).detail or run_state(spec).detail.startswith("being started")
+    outcome = runner.execute(spec, run_state(spec))
+    assert outcome.status == "running elsewhere" and not (spec.dir / "summary.json").exists() and lock.is_file()
+    lock.write_text(f"{2**22 + 12345} {socket.gethostname()}")  # no such process: a stale lock is taken over
+    assert runner.lock_holder(spec.dir) is None
+
+
 # -- the report -------------------------------------------------------------------------------
 
 
@@ -325,6 +340,13 @@ def test_cli_errors_are_clear(tiny_configs: Path, tmp_path: Path, capsys) -> Non
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
     assert str(empty) in err and "cifar10" in err and "--data-dir" in err
+    # without --table a paper's table whose data is missing is skipped with the same message; when
+    # nothing could run, the exit status says so
+    code = main(["reproduce", "hbn", "--scale", "reduced", "--rows", "bn", "--columns", "phi0.6", "--data-dir", str(empty),
+                 "--out", str(tmp_path / "out2"), "--no-plots"])
+    err = capsys.readouterr().err
+    assert code == 1 and "skipping hbn/table1" in err and "not run for missing data: table1" in err
+    assert "data missing" in (tmp_path / "out2" / "report.md").read_text()
     assert main(["reproduce", "--list"]) == 0
     listing = capsys.readouterr().out
     for paper in PAPERS:

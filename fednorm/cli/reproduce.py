@@ -162,6 +162,9 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
 
     def on_done(spec: runner.RunSpec, outcome: runner.Outcome) -> None:
         done[0] += 1
+        if outcome.status == "running elsewhere":
+            print(f"[{done[0]}/{total}] {spec.describe()}: skipped, another process is running it ({outcome.error})  {spec.dir}", flush=True)
+            return
         s = outcome.summary or {}
         acc = (f"final {_fmt(s.get('final_test_accuracy'))}, best {_fmt(s.get('best_test_accuracy'))}, "
                f"last-10 {_fmt(s.get('last10_mean_test_accuracy'))}")
@@ -182,4 +185,6 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     write_report()
     if unavailable:
         print(f"not run for missing data: {', '.join(unavailable)} (see the messages above)", file=sys.stderr)
+        if len(unavailable) == len(by_table):  # nothing asked for could run
+            return 1
     return 0

@@ -24,8 +24,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-import yaml
-
 from ..config import load_config
 from ..errors import ConfigError, DatasetError
 from .subset import make_subset, subset_folder_name
@@ -184,8 +182,11 @@ class RunState:
 def run_state(spec: RunSpec) -> RunState:
     """Inspect ``spec.dir``; raises :class:`ConfigError` when it holds a different experiment."""
     d = spec.dir
+    holder = lock_holder(d)
+    if holder is not None and holder.startswith(f"pid {os.getpid()} "):
+        holder = None
     if not (d / "config.yaml").is_file():
-        return RunState("new")
+        return RunState("new", detail=f"being started by {holder}" if holder else "")
     try:
         saved = load_config(d / "config.yaml").model_dump(mode="json")
     except ConfigError as exc:
@@ -211,6 +212,8 @@ def run_state(spec: RunSpec) -> RunState:
             return RunState(status, rounds, str(summary.get("error", "")))
         if has_checkpoint:
             return RunState("resume", rounds, f"interrupted after round {rounds}")
+    if holder is not None:
+        return RunState("resume", None, f"running now ({holder}); it will be skipped")
     if has_checkpoint:
         return RunState("resume", None, "stopped without a summary")
     return RunState("new")
@@ -294,6 +297,55 @@ class Outcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+LOCK_NAME = ".reproduce.lock"
+
+
+def lock_holder(run_dir: Path) -> str | None:
+    """Who is running ``run_dir`` now (``"pid N on HOST"``), or None. A lock left by a process of
+    this host that no longer exists is stale and ignored."""
+    import socket
+
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        pid_text, _, host = path.read_text().partition(" ")
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return None
+    if host.strip() == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+    return f"pid {pid} on {host.strip()}"
+
+
+def _acquire(run_dir: Path) -> bool:
+    """Take the run directory for this process (two suites on one output folder never run the
+    same run at once); False when another live process holds it."""
+    import socket
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_NAME
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if lock_holder(run_dir) is not None:
+                return False
+            path.unlink(missing_ok=True)  # stale
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()} {socket.gethostname()}")
+        return True
+    return False
+
+
+def _release(run_dir: Path) -> None:
+    (run_dir / LOCK_NAME).unlink(missing_ok=True)
+
+
 def _append_record(spec: RunSpec, invocation: dict[str, Any]) -> None:
     path = spec.dir / RECORD_NAME
     record = _read_json(path) or {}
@@ -313,8 +365,19 @@ def execute(spec: RunSpec, state: RunState, *, command: str = "", git: Mapping[s
     """Run, resume or extend one run with :func:`fednorm.api.run`; record the invocation.
 
     A run that diverges or loses its clients is a result (its summary says so), not an error of
-    the suite; missing data (:class:`DatasetError`) and bad settings propagate.
+    the suite; missing data (:class:`DatasetError`) and bad settings propagate. A run directory
+    that another live process is running (its lock file) is left alone: status ``running elsewhere``.
     """
+    if not _acquire(spec.dir):
+        holder = lock_holder(spec.dir)
+        return Outcome(str(spec.dir), state.action, "running elsewhere", state.rounds, 0.0, None, f"held by {holder}")
+    try:
+        return _execute(spec, state, command=command, git=git, progress=progress)
+    finally:
+        _release(spec.dir)
+
+
+def _execute(spec: RunSpec, state: RunState, *, command: str, git: Mapping[str, Any] | None, progress: bool | None) -> Outcome:
     import torch
 
     from .. import api
