@@ -20,7 +20,7 @@ import difflib
 import inspect
 import numbers
 import warnings
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -33,6 +33,7 @@ __all__ = [
     "list_partitions",
     "get_partition",
     "partition",
+    "check_partition_args",
     "iid",
     "dirichlet",
     "classes",
@@ -84,6 +85,44 @@ def _keyword_params(fn: Partitioner) -> tuple[dict[str, inspect.Parameter], bool
     }
     var_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     return params, var_kw
+
+
+# Config fields of their own (ExperimentConfig), always forwarded; never keys of partition_args.
+_CONFIG_FIELDS = ("alpha", "classes_per_client", "gamma", "min_size")
+# Supplied by the dataset (multi-source data), never by the user.
+_DATA_ARGS = ("domains", "domain_names")
+
+
+def check_partition_args(name: str, args: Mapping[str, Any]) -> None:
+    """Raise :class:`PartitionError` for a ``partition_args`` key that partitioner ``name`` ignores.
+
+    ``partition_args: {mode: ring}`` with ``partition: dirichlet`` would be recorded in the run's
+    config and do nothing; like ``method_args``, such a key is an error. The message names the
+    partitioners that do take the key, or the closest key of this one. An unknown ``name`` is left
+    to the registry's own error.
+    """
+    try:
+        fn = get_partition(name)
+    except ValueError:
+        return
+    accepted, var_kw = _keyword_params(fn)
+    if var_kw:
+        return
+    own = sorted(k for k in accepted if k not in _CONFIG_FIELDS and k not in _DATA_ARGS)
+    label = normalize_name(name)
+    for key in args:
+        if key in _CONFIG_FIELDS:
+            raise PartitionError(
+                f"partition_args: '{key}' is a setting of its own; pass --{key.replace('_', '-')} (YAML: {key}: ...) instead"
+            )
+        if key in own:
+            continue
+        takers = [other for other in PARTITIONS.list() if other != label and key in _keyword_params(PARTITIONS.get_builder(other))[0]]
+        takes = f" ('{key}' belongs to the {', '.join(repr(t) for t in takers)} partition)" if takers else ""
+        close = difflib.get_close_matches(str(key), own, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        options = ", ".join(own) if own else "none"
+        raise PartitionError(f"partition_args: partition '{label}' takes no option '{key}'{takes}{hint} (its options: {options})")
 
 
 def partition(name: str, labels: Any, num_clients: int, *, seed: int, **params: Any) -> list[np.ndarray]:
@@ -325,11 +364,11 @@ def dirichlet(
     ``alpha`` means more skew; client sizes are unequal and, at small alpha, may be tiny.
 
     ``min_size`` (not in the papers; from implementations such as Flower's) is guaranteed: a draw
-    that leaves a client with fewer samples is redrawn at most ``max_retries`` times, each time
-    with a warning; if every draw fails, the draw with the smallest total deficit is repaired
-    deterministically by moving samples from the currently largest clients (the tail of their
-    index lists) to the deficient ones, again with a warning. Hence the call never hangs, and it
-    fails only when ``min_size * num_clients > len(labels)``.
+    that leaves a client with fewer samples is redrawn at most ``max_retries`` times; if every draw
+    fails, the draw with the smallest total deficit is repaired deterministically by moving samples
+    from the currently largest clients (the tail of their index lists) to the deficient ones.
+    Either way one warning says how many draws it took (one line, not one per draw). Hence the
+    call never hangs, and it fails only when ``min_size * num_clients > len(labels)``.
 
     [code≠here] HBN's ``sampling.py`` and LN/FN's ``preprocess_vision.py`` hand out slices of each
     class in dataset order (no shuffle), and LN/FN rounds each share and gives the remainder to a
@@ -377,17 +416,16 @@ def dirichlet(
         sizes = np.array([len(p) for p in parts])
         deficit = int(np.maximum(min_size - sizes, 0).sum())
         if deficit == 0:
+            if attempt > 1:
+                warnings.warn(
+                    f"dirichlet: {attempt - 1} draw(s) left clients with fewer than min_size={min_size} samples and "
+                    f"were redrawn; draw {attempt} gave every client enough. alpha={alpha:g} concentrates each class "
+                    "on few clients: increase alpha, lower min_size or num_clients to avoid redraws",
+                    stacklevel=2,
+                )
             return _finish(parts)
         if best is None or deficit < best_deficit:
             best, best_deficit = parts, deficit
-        if attempt < attempts:
-            warnings.warn(
-                f"dirichlet: draw {attempt} of at most {attempts} left {int((sizes < min_size).sum())} of "
-                f"{num_clients} clients with fewer than min_size={min_size} samples; redrawing. "
-                f"alpha={alpha:g} concentrates each class on few clients: increase alpha, lower min_size "
-                "or num_clients, or set max_retries=0 to repair at once",
-                stacklevel=2,
-            )
 
     assert best is not None
     parts = list(best)
@@ -404,7 +442,7 @@ def dirichlet(
             sizes[client] += take
             need -= take
     warnings.warn(
-        f"dirichlet: no draw in {attempts} gave every client min_size={min_size} samples; moved "
+        f"dirichlet: no draw of {attempts} gave every client min_size={min_size} samples; moved "
         f"{best_deficit} samples from the largest clients to {len(receivers)} deficient ones. This "
         f"slightly weakens the skew of alpha={alpha:g}; increase alpha or lower min_size/num_clients "
         "to avoid it",
