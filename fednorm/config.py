@@ -187,6 +187,20 @@ class ExperimentConfig(BaseModel):
             raise ValueError("must not be empty")
         return value.lower().replace("-", "_")
 
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        # Only the spelling: whether this machine has the device is checked when a run starts
+        # (fednorm.api.check_device), so a config written on a GPU machine still loads elsewhere.
+        import torch
+
+        value = value.strip()
+        try:
+            torch.device(value)
+        except (RuntimeError, ValueError):
+            raise ValueError(f"unknown device '{value}'; expected a torch device such as cpu, cuda, cuda:1 or mps") from None
+        return value
+
     @field_validator("lr", "alpha", "gamma", "lr_decay", "lr_gamma", "momentum", "weight_decay")
     @classmethod
     def _finite(cls, value: float) -> float:
@@ -220,6 +234,15 @@ class ExperimentConfig(BaseModel):
         return sorted(value)
 
     @model_validator(mode="after")
+    def _check_deadline(self) -> "ExperimentConfig":
+        if self.client_deadline is not None and self.executor == "vectorized":
+            raise ValueError(
+                "client_deadline times each client's local training, which the vectorized executor runs together: "
+                "use executor 'sequential' or 'auto' (auto then runs sequentially)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_consistency(self) -> "ExperimentConfig":
         if self.clients_per_round is not None and self.clients_per_round > self.num_clients:
             raise ValueError(
@@ -241,10 +264,12 @@ class ExperimentConfig(BaseModel):
 
 
 def format_validation_error(err: ValidationError, source: str | None = None) -> str:
-    """One line per bad field: ``field: message (got value)``."""
+    """One line per bad field: ``field: message (got value)``; a single bad field is one line
+    (``invalid configuration: alpha: ...``)."""
     where = f" in {source}" if source else ""
     lines = [f"invalid configuration{where}:"]
-    for e in err.errors():
+    errors = err.errors()
+    for e in errors:
         loc = ".".join(str(p) for p in e["loc"]) or "(config)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
@@ -252,6 +277,8 @@ def format_validation_error(err: ValidationError, source: str | None = None) -> 
         got = e.get("input")
         got_txt = "" if e["type"] == "extra_forbidden" or isinstance(got, dict) else f" (got {got!r})"
         lines.append(f"  {loc}: {msg}{got_txt}")
+    if len(errors) == 1:
+        return f"{lines[0]} {lines[1].strip()}"
     return "\n".join(lines)
 
 
@@ -268,18 +295,24 @@ def load_config(
     if path is not None:
         source = str(path)
         p = Path(path)
+        if p.is_dir():
+            hint = f" (a run directory's config is {p / 'config.yaml'})" if (p / "config.yaml").is_file() else ""
+            raise ConfigError(f"config file {p} is a directory, not a YAML file{hint}")
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+            with open(p, encoding="utf-8") as stream:  # a file stream, so YAML errors name the file
+                loaded = yaml.safe_load(stream)
         except UnicodeDecodeError as exc:
             raise ConfigError(f"config file {p} is not UTF-8 text: {exc}") from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {p} is not valid YAML: {exc}") from None
+            raise ConfigError(f"config file {p} is not valid YAML: {' '.join(str(exc).split())}") from None
         except RecursionError:
             raise ConfigError(f"config file {p} is nested too deeply to be a fednorm config") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {p} cannot be read: {exc.strerror or exc}") from None
         if loaded is None:
-            loaded = {}
+            raise ConfigError(f"config file {p} is empty; it should map settings to values, e.g. 'rounds: 10'")
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p} must hold a mapping of fields, got {type(loaded).__name__}")
         data.update(loaded)
