@@ -65,6 +65,12 @@ def check_names(config: ExperimentConfig) -> None:
             raise ConfigError(f"{field_name}: {exc}") from None
 
 
+def _fednorm_version() -> str:
+    from .. import __version__  # at call time: fednorm/__init__ imports this module first
+
+    return __version__
+
+
 @dataclass
 class RoundRecord:
     server_round: int
@@ -194,6 +200,15 @@ class Simulation:
         cfg = self.config
         args = (self.model, self.method, self.data, self.bank, self.spec, cfg.seed)
         lockstep = self.method.requires_lockstep
+        if cfg.client_deadline is not None and cfg.executor != "sequential":
+            # A deadline times each client's local training; stacked clients train together.
+            why = "client_deadline times each client's local training, which the vectorized executor runs together"
+            if lockstep:
+                raise ConfigError(f"client_deadline does not work with method '{cfg.method}', whose clients train in lockstep ({why})")
+            if cfg.executor == "vectorized":
+                raise ConfigError(f"client_deadline needs executor 'sequential' or 'auto': {why}")
+            self.executor_note = f"sequential because {why}"
+            return SequentialExecutor(*args)
         if cfg.executor == "sequential":
             if lockstep:
                 raise ConfigError(
@@ -556,6 +571,9 @@ class Simulation:
             "comm_rounds": self.comm_rounds,
             "executor": self.executor.name,
             "executor_note": self.executor_note,
+            "threads": torch.get_num_threads(),
+            "torch_version": torch.__version__,
+            "fednorm_version": _fednorm_version(),
             "method_summary": self.method.summary(),
             "method_report": self.method.report(self),
             "dropped_clients": dict(self.dropped),
