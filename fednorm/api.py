@@ -23,7 +23,7 @@ from .data.federated import FederatedData
 from .engine.outputs import RunWriter, default_run_dir
 from .engine.simulator import Simulation
 
-__all__ = ["RunResult", "CompareResult", "run", "compare", "resolve_config", "variant_label"]
+__all__ = ["RunResult", "CompareResult", "run", "compare", "resolve_config", "variant_label", "check_device", "plan_variants"]
 
 
 @dataclass
@@ -35,6 +35,8 @@ class RunResult:
     summary: dict[str, Any]
     out_dir: Path | None
     simulation: Simulation = field(repr=False)
+    stop_signal: int | None = None
+    """The signal (SIGINT, SIGTERM) that stopped an interrupted run, else None."""
 
     @property
     def model(self) -> nn.Module:
@@ -87,6 +89,36 @@ class _StopRequest:
             signal.signal(sig, handler)
 
 
+def check_device(device: str) -> None:
+    """Raise :class:`ConfigError` unless tensors can be made on ``device`` with this torch build
+    (``cuda`` on a CPU build, a GPU index that does not exist, ``mps`` off Apple silicon)."""
+    from .errors import ConfigError
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ConfigError(f"unknown device '{device}' ({exc})") from None
+    if dev.type == "cuda":
+        if torch.version.cuda is None and torch.version.hip is None:
+            raise ConfigError(
+                f"device '{device}': this torch build ({torch.__version__}) has no CUDA support; install a CUDA build "
+                "of torch (https://pytorch.org/get-started/locally/) or use --device cpu"
+            )
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise ConfigError(f"device '{device}': torch sees no CUDA GPU on this machine; use --device cpu")
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(f"device '{device}' does not exist: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+        return
+    if dev.type == "cpu":
+        return
+    try:
+        torch.empty(1, device=dev)
+    except (RuntimeError, AssertionError, NotImplementedError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"device '{device}' is not usable with this torch build ({torch.__version__}): {first}") from None
+
+
 def _check_resumable(cfg: ExperimentConfig, saved: Mapping[str, Any], run_dir: Path) -> None:
     from .errors import ConfigError
 
@@ -105,6 +137,7 @@ def run(
     progress: bool | None = None,
     resume: str | Path | None = None,
     simulation: Callable[..., Simulation] = Simulation,
+    on_round: Callable[[Any, Simulation], None] | None = None,
     **overrides: Any,
 ) -> RunResult:
     """Run one federated experiment, or resume one from its run directory.
@@ -122,10 +155,13 @@ def run(
         simulation: the runtime (default: in this process;
             :class:`fednorm.distributed.DistributedSimulation` spreads the clients over
             torch.distributed ranks, and every rank calls ``run``; only rank 0 writes).
+        on_round: called as ``on_round(record, simulation)`` after every round (the CLI prints a
+            progress line per evaluation with it when stdout is not a terminal).
         **overrides: config fields, e.g. ``rounds=5``.
 
     A first SIGINT/SIGTERM stops the run after the current round with a checkpoint
-    (``summary["status"] == "interrupted"``); a second one stops at once.
+    (``summary["status"] == "interrupted"``, the signal in ``RunResult.stop_signal``); a second
+    one stops at once. Resuming with fewer ``rounds`` than the checkpoint has run is refused.
     """
     from .engine.checkpoint import load_latest, save_checkpoint
     from .errors import ConfigError, DivergenceError, RoundFailedError
@@ -143,9 +179,16 @@ def run(
         cfg = load_config(run_dir / "config.yaml", {**overrides, "out": str(run_dir)})
         checkpoint = load_latest(run_dir)
         _check_resumable(cfg, checkpoint["config"], run_dir)
+        done = int(checkpoint.get("server_round", 0))
+        if cfg.rounds < done:
+            raise ConfigError(
+                f"cannot resume {run_dir} with rounds={cfg.rounds}: its checkpoint has already run {done} rounds "
+                f"(a shorter run is a new run: pass another --out)"
+            )
         write = True
     else:
         cfg = resolve_config(config, **overrides)
+    check_device(cfg.device)
     sim = simulation(cfg, data=data)
     if checkpoint is not None:
         sim.load_state_dict(checkpoint)
@@ -168,6 +211,7 @@ def run(
 
     status = "completed"
     error: BaseException | None = None
+    stop_signal: int | None = None
     bar = tqdm(total=cfg.rounds, initial=sim.server_round, desc=f"{cfg.method}+{cfg.norm}", unit="round",
                disable=(None if progress is None else not progress) if sim.is_main else True, leave=False)
     try:
@@ -180,10 +224,12 @@ def run(
                     if writer is not None:
                         writer.log(record.metrics)
                 bar.set_postfix(post)
+                if on_round is not None:
+                    on_round(record, sim)
                 if write and cfg.checkpoint_every and sim.server_round % cfg.checkpoint_every == 0:
                     checkpoint_now()
                 if sim.agree_to_stop(stop.signal is not None):
-                    status = "interrupted"
+                    status, stop_signal = "interrupted", stop.signal
                     break
     except (DivergenceError, RoundFailedError) as exc:
         status = "diverged" if isinstance(exc, DivergenceError) else "failed"
@@ -207,10 +253,17 @@ def run(
     if writer is not None:
         writer.finish(summary, sim.history)
     if error is not None:
+        if isinstance(error, DivergenceError):  # resuming keeps lr, so it would diverge the same way
+            kept = (f"; the last good checkpoint is in {writer.dir} for inspection (fednorm run --resume {writer.dir} "
+                    "keeps lr and would diverge the same way)") if writer is not None else ""
+            raise DivergenceError(
+                f"{error}. Lower the learning rate (lr={cfg.lr:g}) or clip gradients (max_grad_norm) and start a new "
+                f"run{kept}"
+            ) from error
         if writer is not None and not isinstance(error, KeyboardInterrupt):
             raise type(error)(f"{error} (the last good checkpoint is in {writer.dir}; fednorm run --resume {writer.dir})") from error
         raise error
-    return RunResult(cfg, sim.history, summary, writer.dir if writer else None, sim)
+    return RunResult(cfg, sim.history, summary, writer.dir if writer else None, sim, stop_signal)
 
 
 def variant_label(variant: Mapping[str, Any]) -> str:
@@ -228,6 +281,12 @@ class CompareResult:
 
     results: dict[str, RunResult]
     out_dir: Path | None
+    stop_signal: int | None = None
+    """The signal that stopped the comparison early, else None."""
+    interrupted: str | None = None
+    """The variant a signal stopped (it has a checkpoint and is not in the table)."""
+    not_run: list[str] = field(default_factory=list)
+    """Variants that did not start because the comparison was stopped."""
 
     def rows(self) -> list[dict[str, Any]]:
         rows = []
@@ -262,6 +321,16 @@ class CompareResult:
                 f"| {r['variant']} | {r['evaluation']} | {pct(r['final_acc'])} | {pct(r['best_acc'])} | {pct(r['last10_acc'])} | "
                 f"{pct(r['mean_client_acc'])} | {r['rounds']} | {r['wall_s']:.1f} | {r['uplink_MB']:.2f} |"
             )
+        if self.stop_signal is not None:
+            import signal
+
+            name = signal.Signals(self.stop_signal).name if self.stop_signal in signal.Signals._value2member_map_ else str(self.stop_signal)
+            note = f"\nStopped by {name}."
+            if self.interrupted:
+                note += f" {self.interrupted} was interrupted (its run directory has a checkpoint) and is not in the table."
+            if self.not_run:
+                note += f" Not run: {', '.join(self.not_run)}."
+            lines.append(note)
         return "\n".join(lines)
 
     def headline(self) -> str:
@@ -305,45 +374,82 @@ DEFAULT_VARIANTS: tuple[dict[str, Any], ...] = (
 )
 
 
+def _variant_dir(root: Path, label: str) -> str:
+    return str(root / label.replace("+", "_").replace("(", "_").replace(")", "").replace(", ", "_").replace("=", ""))
+
+
+def plan_variants(base: ExperimentConfig, variants: Sequence[Mapping[str, Any]], root: Path | None) -> list[tuple[str, ExperimentConfig]]:
+    """Each variant's label and full config (run directory under ``root``), every one validated
+    (fields, registry names, device): a typo in the last variant is reported before the first trains."""
+    from .engine.simulator import check_names
+    from .errors import ConfigError
+
+    planned: list[tuple[str, ExperimentConfig]] = []
+    for variant in variants:
+        full = {"method": base.method, "norm": base.norm, **variant}
+        label = variant_label(full)
+        try:
+            cfg = resolve_config(base, **full, out=_variant_dir(root, label) if root else None)
+            check_names(cfg)
+            check_device(cfg.device)
+        except ConfigError as exc:
+            raise ConfigError(f"variant {label}: {exc}") from None
+        planned.append((label, cfg))
+    return planned
+
+
 def compare(
     config: ExperimentConfig | Mapping[str, Any] | str | Path | None = None,
     *,
     variants: Sequence[Mapping[str, Any]] = DEFAULT_VARIANTS,
     out: str | Path | None = None,
     progress: bool | None = None,
+    on_round: Callable[[Any, Simulation], None] | None = None,
     **overrides: Any,
 ) -> CompareResult:
     """Run several variants (method/norm/any field) on one setting and tabulate them.
 
     Every variant shares the base config's data, partition and seed; the client data is built
-    once and reused. Writes ``results.md``, ``results.csv``, ``accuracy.png`` and one run
+    once and reused. Every variant's config is validated (fields and registry names) before the
+    first one trains. Writes ``results.md``, ``results.csv``, ``accuracy.png`` and one run
     directory per variant under ``out`` (unless ``out`` is None and ``write`` is disabled).
+
+    A SIGINT/SIGTERM stops the comparison after the current round of the current variant: the
+    table holds the variants that finished, and ``CompareResult.stop_signal`` the signal.
     """
     base = resolve_config(config, **overrides)
     root = Path(out) if out is not None else None
+    planned = plan_variants(base, variants, root)  # every typo is reported before anything trains
     results: dict[str, RunResult] = {}
+    interrupted: str | None = None
+    stop_signal: int | None = None
     data = None
-    for variant in variants:
-        full = {"method": base.method, "norm": base.norm, **variant}
-        label = variant_label(full)
-        sub_out = str(root / label.replace("+", "_").replace("(", "_").replace(")", "").replace(", ", "_").replace("=", "")) if root else None
-        cfg = resolve_config(base, **full, out=sub_out)
-        data_keys = ("dataset", "data_dir", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args", "num_clients", "seed", "augment", "dtype", "device")
-        reuse = data is not None and all(getattr(cfg, k) == getattr(base, k) for k in data_keys)
-        result = run(cfg, data=data if reuse else None, write=root is not None, progress=progress)
-        if all(getattr(cfg, k) == getattr(base, k) for k in data_keys):
-            data = result.simulation.data
-        results[label] = result
-    comparison = CompareResult(results, root)
+    data_keys = ("dataset", "data_dir", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args", "num_clients", "seed", "augment", "dtype", "device")
+    with _StopRequest() as stop:  # a signal between two variants stops too
+        for label, cfg in planned:
+            if stop.signal is not None:
+                stop_signal = stop.signal
+                break
+            reuse = data is not None and all(getattr(cfg, k) == getattr(base, k) for k in data_keys)
+            result = run(cfg, data=data if reuse else None, write=root is not None, progress=progress, on_round=on_round)
+            if all(getattr(cfg, k) == getattr(base, k) for k in data_keys):
+                data = result.simulation.data
+            if result.summary.get("status") == "interrupted":
+                interrupted, stop_signal = label, result.stop_signal or stop.signal
+                break
+            results[label] = result
+    comparison = CompareResult(results, root, stop_signal=stop_signal, interrupted=interrupted,
+                               not_run=[label for label, _ in planned if label not in results and label != interrupted])
     if root is not None:
         from .plotting import plot_comparison
 
         root.mkdir(parents=True, exist_ok=True)
         (root / "results.md").write_text(comparison.markdown() + "\n")
         (root / "results.csv").write_text(comparison.csv())
-        plot_comparison(
-            {label: r.history for label, r in results.items()},
-            root / "accuracy.png",
-            title=f"{base.dataset}, {base.partition}, {base.num_clients} clients",
-        )
+        if results:
+            plot_comparison(
+                {label: r.history for label, r in results.items()},
+                root / "accuracy.png",
+                title=f"{base.dataset}, {base.partition}, {base.num_clients} clients",
+            )
     return comparison

@@ -3,7 +3,11 @@
 ``fednorm run`` and ``fednorm compare`` take every :class:`~fednorm.config.ExperimentConfig`
 field as an option (``local_epochs`` -> ``--local-epochs``), generated from the config
 schema so the CLI and YAML files never drift apart. Options override ``--config``'s values.
-Bad input prints one clear message and exits with status 2, never a traceback.
+Bad input prints one clear message and exits with status 2, never a traceback (fednorm/cli/errors.py);
+a run never writes over an earlier one without ``--overwrite`` (fednorm/cli/rundir.py); off a
+terminal a run prints one progress line per evaluation (fednorm/cli/progress.py); without
+``--threads`` a run uses the cores that are free (fednorm/cli/threads.py). Exit status: 0 done,
+1 the run failed, 2 bad input, 130/143 stopped by SIGINT/SIGTERM (after writing a checkpoint).
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ import yaml
 
 from ..config import ExperimentConfig
 from ..errors import ConfigError, DatasetError, DivergenceError, FednormError, RoundFailedError
+from .errors import EXIT_BAD_INPUT, EXIT_FAILED, ArgumentParser, exit_code_for_signal, one_line_warnings
 
 __all__ = ["main", "build_parser", "QUICKSTART"]
 
 # `fednorm compare` with no arguments: the HBN paper's local setting (label skew, batch 4, SGD with
 # momentum, clipping) on the embedded digits, where FedAvg's averaged BatchNorm statistics fall
-# behind the fixes (issue 17.8). About 45 s on 2 idle CPU cores.
+# behind the fixes (issue 17.8). About 45 s on 2 idle CPU cores with one torch thread (see README).
 QUICKSTART: dict[str, Any] = {
     "dataset": "digits",
     "partition": "dirichlet",
@@ -41,6 +46,12 @@ QUICKSTART: dict[str, Any] = {
     "eval_every": 5,
     "seed": 0,
 }
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 def _bool(text: str) -> bool:
@@ -76,7 +87,7 @@ def _mapping(text: str) -> dict[str, Any]:
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise argparse.ArgumentTypeError(f"expected a YAML/JSON mapping, got '{text}' ({exc})") from None
+        raise argparse.ArgumentTypeError(f"expected a YAML/JSON mapping, got '{text}' ({' '.join(str(exc).split())})") from None
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -84,7 +95,9 @@ def _mapping(text: str) -> dict[str, Any]:
     return value
 
 
-def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
+def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = (), defaults: dict[str, Any] | None = None) -> None:
+    """One option per config field; ``defaults`` replaces the shown default where the command uses
+    another (``fednorm compare`` starts from :data:`QUICKSTART`)."""
     group = parser.add_argument_group("experiment settings (override --config)")
     for name, field in ExperimentConfig.model_fields.items():
         if name in skip:
@@ -113,15 +126,22 @@ def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = (
             kwargs["metavar"] = ann.__name__.upper()
         default = field.default if field.default_factory is None else field.default_factory()
         desc = field.description or ""
-        kwargs["help"] = desc if "(default" in desc else f"{desc} (default: {default})"
+        if defaults and name in defaults:
+            desc = desc.split("; default:")[0].split(" (default")[0]
+            kwargs["help"] = f"{desc} (default: {defaults[name]})"
+        else:
+            kwargs["help"] = desc if "(default" in desc else f"{desc} (default: {default})"
         group.add_argument("--" + name.replace("_", "-"), dest=name, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from .. import __version__
+
+    parser = ArgumentParser(
         prog="fednorm",
         description="Federated learning with normalization layers on non-IID data.",
     )
+    parser.add_argument("--version", action="version", version=f"fednorm {__version__} (torch {_torch_version()}, Python {sys.version.split()[0]})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p_run = sub.add_parser("run", help="run one federated experiment", description="Run one federated experiment.")
@@ -130,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", type=Path, metavar="RUN_DIR",
         help="continue a run from its latest checkpoint (only --rounds, --eval-every, --eval-last-rounds, --checkpoint-every, --threads, --device may change)",
     )
-    p_run.add_argument("--quiet", action="store_true", help="no progress bar")
+    p_run.add_argument("--overwrite", action="store_true", help="start again in an --out directory that holds an earlier run (its files are deleted)")
+    p_run.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
     _add_config_options(p_run)
 
     p_launch = sub.add_parser(
@@ -145,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_worker_options(p_launch)
     p_launch.add_argument("--config", type=Path, help="YAML config file (options below override it)")
     p_launch.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its latest checkpoint (any --nproc)")
+    p_launch.add_argument("--overwrite", action="store_true", help="start again in an --out directory that holds an earlier run (its files are deleted)")
     p_launch.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_config_options(p_launch)
 
@@ -159,8 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_cmp.add_argument("--methods", help="comma-separated methods (default: the config's method)")
     p_cmp.add_argument("--norms", help="comma-separated norms (default: the config's norm; the cross product with --methods is run)")
     p_cmp.add_argument("--variants", help="explicit variants 'method:norm,method:norm' (overrides --methods/--norms)")
-    p_cmp.add_argument("--quiet", action="store_true", help="no progress bars")
-    _add_config_options(p_cmp)
+    p_cmp.add_argument("--overwrite", action="store_true", help="write into an --out directory that holds an earlier comparison (its run files are deleted)")
+    p_cmp.add_argument("--quiet", action="store_true", help="no progress bars or progress lines")
+    _add_config_options(p_cmp, defaults={**QUICKSTART, "out": "runs/compare-<dataset>-<time>"})
 
     p_part = sub.add_parser("partition", help="print and plot the per-client label histogram of a partition")
     p_part.add_argument("--config", type=Path, help="YAML config file")
@@ -220,10 +243,57 @@ def build_parser() -> argparse.ArgumentParser:
 def _config_from(args: argparse.Namespace, base: dict[str, Any] | None = None) -> ExperimentConfig:
     from ..config import load_config
 
+    from ..data.partition import check_partition_args
+
     fields = {k: v for k, v in vars(args).items() if k in ExperimentConfig.model_fields}
     if args.config is None and base:
         fields = {**base, **fields}
-    return load_config(args.config, fields)
+    cfg = load_config(args.config, fields)
+    check_partition_args(cfg.partition, cfg.partition_args)  # an ignored key must not be recorded as if it ran
+    return cfg
+
+
+def _given(args: argparse.Namespace, name: str) -> bool:
+    return name in vars(args)
+
+
+def _resolve_threads(cfg: ExperimentConfig) -> tuple[ExperimentConfig, str]:
+    """``cfg`` with ``threads`` set (the user's, else :func:`choose_threads`) and a note on why."""
+    if cfg.threads is not None:
+        return cfg, "--threads"
+    from .threads import choose_threads
+
+    n, why = choose_threads()
+    return cfg.model_copy(update={"threads": n}), why
+
+
+def _fresh_run_config(args: argparse.Namespace, command: str) -> ExperimentConfig:
+    """The config of a new ``fednorm run``/``launch``, with a run directory that loses nothing:
+    a repeat from a run's own ``config.yaml`` goes to a new directory beside it; any other
+    directory holding a run is refused unless ``--overwrite`` (then its run files are deleted)."""
+    from . import rundir
+
+    cfg = _config_from(args)
+    if cfg.out is None:
+        return cfg
+    out = Path(cfg.out)
+    overwrite = getattr(args, "overwrite", False)
+    repeat = (args.config is not None and not _given(args, "out") and rundir.holds_run(out)
+              and Path(args.config).resolve() == (out / "config.yaml").resolve())
+    if repeat and not overwrite:
+        new = rundir.next_free(out)
+        print(f"repeating the run of {out} in a new directory {new} ({out} is left as it is)", flush=True)
+        return cfg.model_copy(update={"out": str(new)})
+    rundir.check_run_dir(out, overwrite=overwrite, command=command)
+    if overwrite and rundir.holds_run(out):
+        from ..api import check_device
+        from ..engine.simulator import check_names
+
+        check_names(cfg)  # a typo must not cost the earlier run
+        check_device(cfg.device)
+        removed = rundir.clear_run(out)
+        print(f"--overwrite: deleted the earlier run in {out} ({', '.join(removed)})", flush=True)
+    return cfg
 
 
 def run_command(args: argparse.Namespace, *, simulation: Any = None, quiet: bool = False, command: str = "run") -> int:
@@ -232,33 +302,63 @@ def run_command(args: argparse.Namespace, *, simulation: Any = None, quiet: bool
     from ..api import run
     from ..engine.simulator import Simulation
 
+    plain = simulation is None  # this process is the whole run (not a rank of `fednorm launch`)
     simulation = simulation or Simulation
     progress = False if (args.quiet or quiet) else None
+    on_round = None
+    if plain and progress is None:
+        from .progress import ProgressLines, wants_lines
+
+        on_round = ProgressLines() if wants_lines() else None
+    if getattr(args, "overwrite", False) and args.resume is not None:
+        raise ConfigError("--overwrite starts a run again and --resume continues one; pass one of them")
     if args.resume is not None:
         if args.config is not None:
             raise ConfigError("--resume takes its settings from RUN_DIR/config.yaml; do not pass --config")
         fields = {k: v for k, v in vars(args).items() if k in ExperimentConfig.model_fields}
-        result = run(resume=args.resume, progress=progress, simulation=simulation, **fields)
+        result = run(resume=args.resume, progress=progress, simulation=simulation, on_round=on_round, **fields)
     else:
-        result = run(_config_from(args), progress=progress, simulation=simulation)
+        if plain:
+            cfg, _ = _resolve_threads(_fresh_run_config(args, "fednorm run"))
+        else:
+            cfg = _config_from(args)
+        result = run(cfg, progress=progress, simulation=simulation, on_round=on_round)
     if quiet:
         return 0
     s = result.summary
     again = "fednorm launch --nproc N" if command == "launch" else "fednorm run"
     if s["status"] == "interrupted":
         print(f"interrupted after round {s['rounds']}; continue with: {again} --resume {result.out_dir}")
+    threads = f", {s['threads']} thread{'s' if s['threads'] != 1 else ''}" if s.get("threads") else ""
     print(
         f"{s['method']}+{s['norm']} on {s['dataset']} ({s['partition']}, {s['num_clients']} clients): "
-        f"final test accuracy {100 * s['final_test_accuracy']:.2f}%, best {100 * s['best_test_accuracy']:.2f}% "
+        f"final test accuracy {100 * (s['final_test_accuracy'] if s['final_test_accuracy'] is not None else float('nan')):.2f}%, "
+        f"best {100 * (s['best_test_accuracy'] if s['best_test_accuracy'] is not None else float('nan')):.2f}% "
         f"(round {s['best_round']}), mean client accuracy {100 * (s['final_mean_client_accuracy'] or float('nan')):.2f}%, "
-        f"{s['rounds']} rounds in {s['wall_seconds']:.1f}s" + (f" on {s['runtime']}" if s.get("runtime") else "")
+        f"{s['rounds']} rounds in {s['wall_seconds']:.1f}s{threads}" + (f" on {s['runtime']}" if s.get("runtime") else "")
     )
+    if s.get("executor_note"):
+        print(f"executor: {s['executor_note']}")
     print(f"run directory: {result.out_dir}")
+    if s["status"] == "interrupted" and command == "run":  # a scheduler must not read an interrupted run as done
+        return exit_code_for_signal(result.stop_signal)
     return 0
 
 
+def _keeping_threads(fn: Any, *args: Any) -> int:
+    """Run ``fn``, then give the process its torch thread count back (``main`` may be called
+    in-process, from a notebook or a test, and a run sets the count it chose)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    return run_command(args)
+    return _keeping_threads(run_command, args)
 
 
 def _cmd_launch(args: argparse.Namespace, forwarded: list[str]) -> int:
@@ -271,11 +371,15 @@ def _cmd_launch(args: argparse.Namespace, forwarded: list[str]) -> int:
 
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.overwrite and args.resume is not None:
+        raise ConfigError("--overwrite starts a run again and --resume continues one; pass one of them")
     if args.resume is None:
-        cfg = _config_from(args)  # validate here, before any process starts
+        cfg = _fresh_run_config(args, "fednorm launch --nproc N")  # validate here, before any process starts
         if cfg.out is None:  # one run directory for every rank
-            out = default_run_dir(cfg)
-            forwarded = [*forwarded, "--out", str(out)]
+            cfg = cfg.model_copy(update={"out": str(default_run_dir(cfg))})
+        forwarded = [a for a in forwarded if a != "--overwrite"]
+        if cfg.out != getattr(args, "out", None):
+            forwarded = [*forwarded, "--out", str(cfg.out)]
     worker = ["--timeout", str(args.timeout)] + (["--backend", args.backend] if args.backend else [])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
            "-m", "fednorm.distributed", *worker, *forwarded]
@@ -293,7 +397,8 @@ def _split(text: str | None) -> list[str]:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from ..api import DEFAULT_VARIANTS, compare
+    from ..api import DEFAULT_VARIANTS, compare, plan_variants
+    from . import rundir
 
     cfg = _config_from(args, base=QUICKSTART)
     if args.variants:
@@ -307,17 +412,41 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         variants = [{"method": m, "norm": n} for m in methods for n in norms]
     else:
         variants = [dict(v) for v in DEFAULT_VARIANTS]
-    out = Path(cfg.out) if cfg.out else Path("runs") / f"compare-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
-    cfg = cfg.model_copy(update={"out": None})
+    if cfg.out:
+        out = Path(cfg.out)
+    else:
+        out = Path("runs") / f"compare-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+        out = rundir.next_free(out) if out.exists() else out
+    rundir.check_writable(out)
+    earlier = rundir.holds_comparison(out)
+    if earlier and not args.overwrite:
+        raise ConfigError(f"{out} already holds a comparison; start it again with --overwrite or pass another --out")
+    cfg, why = _resolve_threads(cfg.model_copy(update={"out": None}))
+    plan_variants(cfg, variants, out)  # every variant valid before anything is deleted or trained
+    if earlier:
+        for child in [out, *sorted(c for c in out.iterdir() if c.is_dir())]:
+            if rundir.holds_run(child):
+                rundir.clear_run(child)
+        for name in ("results.md", "results.csv", "accuracy.png"):
+            (out / name).unlink(missing_ok=True)
+        print(f"--overwrite: deleted the earlier comparison in {out}", flush=True)
+    on_round = None
+    if not args.quiet:
+        from .progress import ProgressLines, wants_lines
+
+        on_round = ProgressLines(variants=len(variants)) if wants_lines() else None
     print(
         f"comparing {len(variants)} variants on {cfg.dataset} ({cfg.partition}, {cfg.num_clients} clients, "
-        f"{cfg.rounds} rounds, seed {cfg.seed}) -> {out}",
+        f"{cfg.rounds} rounds, seed {cfg.seed}, {cfg.threads} torch thread{'s' if cfg.threads != 1 else ''}: {why}) -> {out}",
         flush=True,
     )
-    result = compare(cfg, variants=variants, out=out, progress=False if args.quiet else None)
+    result = compare(cfg, variants=variants, out=out, progress=False if args.quiet else None, on_round=on_round)
     print(result.markdown())
-    print(f"\n{result.headline()}")
-    print(f"\ntable: {out / 'results.md'}  csv: {out / 'results.csv'}  plot: {out / 'accuracy.png'}")
+    if result.results:
+        print(f"\n{result.headline()}")
+    print(f"\ntable: {out / 'results.md'}  csv: {out / 'results.csv'}" + (f"  plot: {out / 'accuracy.png'}" if result.results else ""))
+    if result.stop_signal is not None:
+        return exit_code_for_signal(result.stop_signal)
     return 0
 
 
@@ -425,16 +554,30 @@ def _cmd_reproduce(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ..engine.checkpoint import CheckpointError
-
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a one-line argparse error (already printed)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_BAD_INPUT)
     if args.command is None:
         parser.print_help()
         return 0
+    import warnings
+
+    shown = warnings.showwarning
+    one_line_warnings(f"fednorm {args.command}")
+    try:
+        return _dispatch(args, argv)
+    finally:
+        warnings.showwarning = shown
+
+
+def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
+    from ..engine.checkpoint import CheckpointError
+
     if args.command == "launch":  # the workers get every option but the launcher's own
-        own = argparse.ArgumentParser(add_help=False)
+        own = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
         own.add_argument("--nproc")
         own.add_argument("--backend")
         own.add_argument("--timeout")
@@ -443,18 +586,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_launch(args, forwarded)
         except FednormError as exc:
             print(f"fednorm launch: error: {exc}", file=sys.stderr)
-            return 2
-    handler = {"run": _cmd_run, "compare": _cmd_compare, "partition": _cmd_partition, "list": _cmd_list,
+            return EXIT_BAD_INPUT
+    handler = {"run": _cmd_run, "compare": lambda a: _keeping_threads(_cmd_compare, a), "partition": _cmd_partition, "list": _cmd_list,
                "analyze": _cmd_analyze, "flower-app": _cmd_flower_app,
                "adapt": _cmd_adapt, "reproduce": lambda a: _cmd_reproduce(a, argv)}[args.command]
     try:
         return handler(args)
     except FednormError as exc:
         print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except (DatasetError, DivergenceError, RoundFailedError, CheckpointError) as exc:
         print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
+    except OSError as exc:  # a disk that filled up or a folder that vanished while running
+        print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print(f"fednorm {args.command}: interrupted", file=sys.stderr)
         return 130

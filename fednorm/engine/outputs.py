@@ -1,6 +1,7 @@
 """The run directory: a contract that benchmarks and users rely on.
 
-``config.yaml`` (fully resolved; ``fednorm run --config RUN/config.yaml`` repeats the run),
+``config.yaml`` (fully resolved; ``fednorm run --config RUN/config.yaml`` repeats the run, into a
+new directory ``RUN-2``: the CLI never writes over an earlier run without ``--overwrite``),
 ``metrics.jsonl`` (one JSON object per evaluation, flushed as it is written),
 ``summary.json`` and ``accuracy.png``.
 """

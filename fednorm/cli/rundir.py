@@ -1,0 +1,121 @@
+"""Where ``fednorm run`` and ``fednorm compare`` write, checked before anything trains.
+
+A run directory that already holds a run is never overwritten without ``--overwrite``: the
+message says how to continue it (``--resume``), start it again (``--overwrite``) or pick another
+directory. A run repeated from its own saved ``RUN/config.yaml`` gets a new directory beside the
+old one. An ``--out`` that is a file, lies under a file or cannot be written is one message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..errors import ConfigError
+
+__all__ = ["RUN_FILES", "holds_run", "describe_run", "check_writable", "check_run_dir", "clear_run", "next_free", "holds_comparison"]
+
+# What a run writes into its directory (fednorm.engine.outputs, fednorm.engine.checkpoint, fednorm analyze).
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "checkpoint.prev.pt", "final_model.pt", "accuracy.png",
+             "analysis.json")
+_EVIDENCE = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "checkpoint.prev.pt")
+
+
+def holds_run(path: str | Path) -> bool:
+    """True when ``path`` is a directory with a run's config, metrics, summary or checkpoint."""
+    p = Path(path)
+    return p.is_dir() and any((p / name).exists() for name in _EVIDENCE)
+
+
+def describe_run(path: str | Path) -> str:
+    """``"a completed run of 15 rounds"``, from its summary when it has one."""
+    try:
+        summary = json.loads((Path(path) / "summary.json").read_text())
+        return f"a {summary.get('status', 'stopped')} run of {summary.get('rounds')} rounds"
+    except (OSError, ValueError, AttributeError):
+        return "an unfinished run" if (Path(path) / "checkpoint.pt").exists() else "an earlier run"
+
+
+def check_writable(path: str | Path, option: str = "--out") -> None:
+    """Raise :class:`ConfigError` unless ``path`` is a directory we can write or can create."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{option} {p} is a file, not a directory; pass a directory path")
+    existing = p
+    while not existing.exists():
+        parent = existing.parent
+        if parent == existing:
+            break
+        existing = parent
+    if existing.exists() and not existing.is_dir():
+        raise ConfigError(f"{option} {p} lies under the file {existing}, so no directory can be made there")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {p}: no permission to write in {existing}")
+    made: list[Path] = []
+    try:  # root passes os.access everywhere: try for real, then leave no trace
+        missing = []
+        q = p
+        while not q.exists():
+            missing.append(q)
+            q = q.parent
+        for d in reversed(missing):
+            d.mkdir()
+            made.append(d)
+        probe = p / f".fednorm-write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"{option} {p} cannot be written: {exc.strerror or exc}") from None
+    finally:
+        for d in reversed(made):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
+def check_run_dir(path: str | Path, *, overwrite: bool, command: str = "fednorm run") -> None:
+    """Refuse a directory that holds an earlier run unless ``overwrite``; check it is writable."""
+    p = Path(path)
+    check_writable(p)
+    if holds_run(p) and not overwrite:
+        raise ConfigError(
+            f"{p} already holds {describe_run(p)}; continue it with `{command} --resume {p}` (with --rounds N to "
+            f"extend it), start it again with --overwrite, or pass another --out"
+        )
+
+
+def clear_run(path: str | Path) -> list[str]:
+    """Delete the files an earlier run wrote into ``path`` (nothing else); the names removed."""
+    p = Path(path)
+    removed = []
+    for name in RUN_FILES:
+        f = p / name
+        if f.is_file():
+            f.unlink()
+            removed.append(name)
+    temporary = [p / f".{name}.tmp" for name in ("config.yaml", "metrics.jsonl", "summary.json")]
+    for f in sorted(p.glob("analysis_*.png")) + sorted(p.glob(".checkpoint.*.tmp")) + [t for t in temporary if t.is_file()]:
+        f.unlink()
+        removed.append(f.name)
+    return removed
+
+
+def next_free(path: str | Path) -> Path:
+    """``RUN-2``, ``RUN-3``, ...: the first sibling of ``path`` that does not exist."""
+    p = Path(path)
+    i = 2
+    while Path(f"{p}-{i}").exists():
+        i += 1
+    return Path(f"{p}-{i}")
+
+
+def holds_comparison(path: str | Path) -> bool:
+    """True when ``path`` holds a ``fednorm compare`` table or a variant's run directory."""
+    p = Path(path)
+    if not p.is_dir():
+        return False
+    if any((p / name).exists() for name in ("results.md", "results.csv")):
+        return True
+    return any(holds_run(child) for child in p.iterdir() if child.is_dir())
