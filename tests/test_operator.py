@@ -275,3 +275,11 @@ def test_library_runs_keep_their_thread_setting(tmp_path):
     res = api.run(rounds=1, num_clients=2, model="mlp", write=False, progress=False)
     assert res.config.threads is None
     assert "threads" in build_parser().parse_args(["run", "--threads", "2"]).__dict__
+
+
+def test_missing_data_names_the_cli_option(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["run", "--dataset", "mnist", "--data-dir", str(tmp_path / "empty"), "--out", str(tmp_path / "r"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "Pass --download true to download it" in err and "download=True" not in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "r").exists()

@@ -596,7 +596,10 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (DatasetError, DivergenceError, RoundFailedError, CheckpointError) as exc:
-        print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
+        text = str(exc)
+        if isinstance(exc, DatasetError):  # the loaders speak to library callers; name the option here
+            text = text.replace("You can use download=True to download it", "Pass --download true to download it")
+        print(f"fednorm {args.command}: error: {text}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:  # a disk that filled up or a folder that vanished while running
         print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
