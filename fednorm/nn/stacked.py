@@ -449,8 +449,9 @@ def detach_stacked_fbn_recorders(model: nn.Module) -> None:
             m.recorder = None
 
 
-#: Rows (padded batch × clients) of one stacked forward of the HBN statistics pass; measured on
-#: the HBN paper's CIFAR-10 setting (batches of up to 512 images), see benchmarks/methods.py.
+#: Rows (padded batch × clients) of one stacked forward of the HBN statistics pass. Measured on
+#: the HBN paper's CIFAR-10 setting (batches of up to 512 images, one thread): 256 or 512 rows
+#: took half the time of one forward of all ten clients (docs/performance.md).
 STATS_MAX_ROWS = 512
 
 
@@ -467,9 +468,9 @@ def collect_stacked_hbn_statistics(
     (:func:`set_row_mask`) when every stacked norm layer is HBN (layers that mix samples
     otherwise, e.g. plain BN, would see the padding: then one forward per batch size, in row
     subsets through ``functional_call``). A forward holds at most ``max_rows`` rows over its
-    clients (padded batch × clients; at least one client; default :data:`STATS_MAX_ROWS`), as the statistics pass's batches are
-    large and one huge stacked activation is slower than a few smaller ones. No tensor of the
-    model changes; its training flags are restored.
+    clients (padded batch × clients, at least one client; default :data:`STATS_MAX_ROWS`): the
+    pass's batches are large, and one huge stacked activation is slower than a few smaller ones.
+    No tensor of the model changes; its training flags are restored.
     """
     from torch.func import functional_call
 
