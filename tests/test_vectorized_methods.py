@@ -133,6 +133,8 @@ def test_server_optimizer_composition_keeps_the_stacked_hooks(method, norm, args
     seq, vec = _pair(method=method, norm=norm, method_args=args, server_opt="fedavgm", partition="dirichlet", alpha=0.3)
     assert type(vec.method).__name__.startswith("Optimized")
     _assert_same(seq, vec)
+    if method == "hbn":  # the evaluation re-sync is answered stacked through the composition too
+        assert vec.executor.query_clients(vec.server_round, [0, 1], "statistics", vec.global_state) is not None
 
 
 @pytest.mark.parametrize("partition", ["iid", "dirichlet"])

@@ -143,6 +143,9 @@ class OptimizedMethod(Method):
     def client_query(self, query: str, ctx: ClientContext) -> dict[str, torch.Tensor]:
         return self.inner.client_query(query, ctx)
 
+    def stacked_client_query(self, query: str, ctx: StackedClientContext) -> list[dict[str, torch.Tensor]] | None:
+        return self.inner.stacked_client_query(query, ctx)
+
     # -- lockstep execution: the wrapped method's -------------------------------------------
     def synced_steps(self, server_round: int) -> int:
         return self.inner.synced_steps(server_round)
