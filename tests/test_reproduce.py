@@ -20,6 +20,7 @@ import yaml
 import fednorm.api
 from fednorm.cli.main import main
 from fednorm.config import ExperimentConfig
+from fednorm.data.partition import check_partition_args
 from fednorm.engine.simulator import Simulation
 from fednorm.errors import ConfigError, DatasetError
 from fednorm.reproduce import PAPERS, collect, list_tables, load_paper, plan, run_state, validate_table, write_report
@@ -115,6 +116,10 @@ def test_shipped_tables_validate_at_both_scales(paper: str, tmp_path: Path) -> N
             rounds = {s.config["rounds"] for s in specs}
             if scale == "reduced":
                 assert max(rounds) < table.paper_rounds(table.rows[0].id, table.columns[0].id)
+            # no partition_args key the cell's partitioner would ignore (`fednorm run --config`
+            # on a run's saved config.yaml refuses those)
+            for s in specs:
+                check_partition_args(s.config["partition"], s.config.get("partition_args") or {})
 
 
 def test_table_file_errors_name_the_file(tmp_path: Path) -> None:
