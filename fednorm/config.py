@@ -83,6 +83,11 @@ class ExperimentConfig(BaseModel):
     lr_decay: float = Field(1.0, gt=0, le=1, description="per-round multiplicative lr decay (HBN: 0.998)")
     lr_milestones: list[int] = Field(default_factory=list, description="rounds at which lr is multiplied by lr_gamma")
     lr_gamma: float = Field(0.1, gt=0, description="step-decay factor applied at each milestone")
+    lr_values: list[float] = Field(
+        default_factory=list,
+        description="the learning rate from each milestone on, instead of lr_gamma's factors (one value per milestone; "
+        "FBN's schedule 0.1, 0.05, 0.033: lr 0.1, lr_milestones [1001, 2001], lr_values [0.05, 0.033])",
+    )
     dsgd: bool = Field(
         False,
         description="DSGD mode (FBN paper): one mini-batch gradient per client per round at the global weights, "
@@ -121,6 +126,17 @@ class ExperimentConfig(BaseModel):
         except ValueError as exc:
             raise ValueError(str(exc)) from None
         return value
+
+    @model_validator(mode="after")
+    def _check_lr_values(self) -> "ExperimentConfig":
+        if self.lr_values and len(self.lr_values) != len(self.lr_milestones):
+            raise ValueError(
+                f"lr_values gives the learning rate from each milestone on: {len(self.lr_milestones)} milestone(s) "
+                f"need as many values, got {len(self.lr_values)}"
+            )
+        if any(not math.isfinite(v) or v <= 0 for v in self.lr_values):
+            raise ValueError(f"lr_values must be positive and finite, got {self.lr_values}")
+        return self
 
     @model_validator(mode="after")
     def _default_eval_every(self) -> "ExperimentConfig":
@@ -255,9 +271,11 @@ class ExperimentConfig(BaseModel):
         return self.num_clients if self.clients_per_round is None else self.clients_per_round
 
     def lr_at(self, server_round: int) -> float:
-        """Learning rate of round ``server_round`` (1-based): exponential decay times step decay."""
+        """Learning rate of round ``server_round`` (1-based): exponential decay times step decay
+        (``lr_gamma`` per milestone passed, or the milestone's own ``lr_values`` entry)."""
         steps = sum(1 for m in self.lr_milestones if server_round >= m)
-        return self.lr * self.lr_decay ** (server_round - 1) * self.lr_gamma**steps
+        base = self.lr_values[steps - 1] if self.lr_values and steps else self.lr * self.lr_gamma**steps
+        return base * self.lr_decay ** (server_round - 1)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

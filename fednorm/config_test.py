@@ -68,3 +68,16 @@ def test_eval_last_rounds_adds_the_final_rounds_to_the_cadence() -> None:
     res = api.run(dict(dataset="digits", num_clients=3, rounds=12, eval_every=5, eval_last_rounds=3, batch_size=32),
                   write=False, progress=False)
     assert [h["round"] for h in res.history] == [5, 10, 11, 12]
+
+
+def test_lr_values_give_each_phase_its_own_learning_rate() -> None:
+    cfg = ExperimentConfig(lr=0.1, lr_milestones=[1001, 2001], lr_values=[0.05, 0.033])
+    assert [cfg.lr_at(r) for r in (1, 1000, 1001, 2000, 2001, 3000)] == [0.1, 0.1, 0.05, 0.05, 0.033, 0.033]
+    decayed = ExperimentConfig(lr=0.1, lr_decay=0.5, lr_milestones=[3], lr_values=[0.02])
+    assert decayed.lr_at(4) == 0.02 * 0.5**3  # the per-round decay still applies
+    plain = ExperimentConfig(lr=0.1, lr_milestones=[3], lr_gamma=0.5)
+    assert plain.lr_at(3) == 0.05
+    with pytest.raises(ValueError, match="milestone"):
+        ExperimentConfig(lr_milestones=[3], lr_values=[0.1, 0.2])
+    with pytest.raises(ValueError, match="positive"):
+        ExperimentConfig(lr_milestones=[3], lr_values=[-0.1])
