@@ -44,6 +44,11 @@ class ExperimentConfig(BaseModel):
     num_clients: int = Field(10, ge=1, description="number of clients")
     clients_per_round: int | None = Field(None, ge=1, description="clients sampled per round (default: all)")
     augment: bool | None = Field(None, description="train-time random crop + flip (default: the dataset's default)")
+    input_norm: Literal["dataset", "none"] | dict[str, list[float]] = Field(
+        "dataset",
+        description="input standardisation: 'dataset' (its own per-channel mean/std), 'none' (pixels in [0, 1]), or "
+        "{mean: [...], std: [...]} per channel (e.g. HBN's code: std 0.2023, 0.1994, 0.2010)",
+    )
 
     # --- model and normalization ------------------------------------------------------------
     model: str = Field("simple_cnn", description="model architecture (`fednorm list models`)")
@@ -126,6 +131,28 @@ class ExperimentConfig(BaseModel):
         except ValueError as exc:
             raise ValueError(str(exc)) from None
         return value
+
+    @field_validator("input_norm", mode="before")
+    @classmethod
+    def _parse_input_norm(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().startswith("{"):  # from the command line: a YAML mapping
+            try:
+                return yaml.safe_load(value)
+            except yaml.YAMLError as exc:
+                raise ValueError(f"input_norm is not a YAML mapping: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _check_input_norm(self) -> "ExperimentConfig":
+        if isinstance(self.input_norm, dict):
+            if set(self.input_norm) != {"mean", "std"}:
+                raise ValueError(f"input_norm takes exactly the keys mean and std, got {sorted(self.input_norm)}")
+            mean, std = self.input_norm["mean"], self.input_norm["std"]
+            if len(mean) != len(std) or not mean:
+                raise ValueError(f"input_norm mean and std need one value per channel, got {len(mean)} and {len(std)}")
+            if any(not math.isfinite(v) for v in mean) or any(not (math.isfinite(v) and v > 0) for v in std):
+                raise ValueError(f"input_norm std must be positive and every value finite, got {self.input_norm}")
+        return self
 
     @model_validator(mode="after")
     def _check_lr_values(self) -> "ExperimentConfig":

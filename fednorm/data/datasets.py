@@ -382,12 +382,22 @@ def get_dataset_info(name: str) -> DatasetInfo:
     return DATASETS.get_builder(name).info
 
 
-def dataset_to_tensors(ds: ImageDataset) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whole dataset as float32 ``N×C×H×W`` normalized with ``info.mean/std``, and int64 labels.
+def dataset_to_tensors(
+    ds: ImageDataset, mean: Sequence[float] | None = None, std: Sequence[float] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole dataset as float32 ``N×C×H×W`` normalized with ``mean``/``std`` (default:
+    ``info.mean/std``), and int64 labels.
 
     One vectorized conversion, so clients can index tensors instead of decoding samples.
     """
-    x = normalize(ds.data, ds.info.mean, ds.info.std)
+    mean = ds.info.mean if mean is None else tuple(mean)
+    std = ds.info.std if std is None else tuple(std)
+    if len(mean) != ds.info.in_channels or len(std) != ds.info.in_channels:
+        raise DatasetError(
+            f"input normalisation has {len(mean)} mean and {len(std)} std values, '{ds.info.name}' has "
+            f"{ds.info.in_channels} channel(s)"
+        )
+    x = normalize(ds.data, mean, std)
     y = torch.from_numpy(np.array(ds.targets, dtype=np.int64))  # a copy: independent of ds
     return x, y
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -84,9 +85,13 @@ def build_federated_data(
     data_dir: str | None = None,
     download: bool = False,
     augment: bool | None = None,
+    input_norm: str | Mapping[str, Sequence[float]] = "dataset",
     **partition_params: object,
 ) -> FederatedData:
     """Load ``dataset``, split its training set with ``partition_name`` and build client test splits.
+
+    ``input_norm``: ``"dataset"`` standardises with the dataset's own per-channel statistics,
+    ``"none"`` leaves pixels in [0, 1], ``{"mean": [...], "std": [...]}`` uses those.
 
     Raises:
         PartitionError: the partition is impossible (e.g. more clients than samples).
@@ -123,8 +128,14 @@ def build_federated_data(
             remap[used_test] = np.arange(len(used_test))
             test_parts = [remap[p] for p in test_parts]
             test.data, test.targets = test.data[used_test], test.targets[used_test]
-    train_x, train_y = dataset_to_tensors(train)
-    test_x, test_y = dataset_to_tensors(test)
+    if input_norm == "dataset":
+        mean = std = None
+    elif input_norm == "none":
+        mean, std = (0.0,) * info.in_channels, (1.0,) * info.in_channels
+    else:
+        mean, std = input_norm["mean"], input_norm["std"]  # type: ignore[index]
+    train_x, train_y = dataset_to_tensors(train, mean, std)
+    test_x, test_y = dataset_to_tensors(test, mean, std)
     return FederatedData(
         info=info,
         train_x=train_x,
@@ -163,6 +174,7 @@ def federated_data_from_config(config: object) -> FederatedData:
         data_dir=c.data_dir,  # type: ignore[attr-defined]
         download=c.download,  # type: ignore[attr-defined]
         augment=getattr(c, "augment", None),
+        input_norm=getattr(c, "input_norm", "dataset"),
         alpha=c.alpha,  # type: ignore[attr-defined]
         classes_per_client=c.classes_per_client,  # type: ignore[attr-defined]
         gamma=c.gamma,  # type: ignore[attr-defined]

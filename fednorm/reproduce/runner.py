@@ -49,7 +49,7 @@ RECORD_NAME = "reproduce.json"
 IGNORED_FIELDS = ("out", "data_dir", "download", "threads", "device", "checkpoint_every", "eval_batch_size", "rounds")
 # Fields that decide the client data (api.compare's list), for reusing it between runs.
 DATA_KEYS = ("dataset", "data_dir", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args",
-             "num_clients", "seed", "augment", "dtype", "device")
+             "num_clients", "seed", "augment", "input_norm", "dtype", "device")
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
