@@ -197,6 +197,14 @@ class ExperimentConfig(BaseModel):
         "evaluations, one per round; with eval_last_rounds 10 a run evaluating every 10th round has them too)",
     )
     eval_batch_size: int = Field(1024, ge=1, description="batch size for evaluation")
+    eval_compile: bool = Field(
+        False,
+        description="evaluate the global model through torch.compile (the last batch padded, so one compilation): "
+        "about 1.8x faster evaluations of Simple-CNN on CPU after a first one that compiles (about 20 s)",
+    )
+    eval_autocast: Literal["none", "bfloat16"] = Field(
+        "none", description="evaluate under torch.autocast in bfloat16 (for GPUs and CPUs with bf16 units; slower on others)"
+    )
 
     # --- reliability ------------------------------------------------------------------------
     checkpoint_every: int = Field(10, ge=0, description="write a checkpoint every N rounds (0: only at the end and on SIGINT/SIGTERM)")

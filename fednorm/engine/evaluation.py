@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -21,23 +22,43 @@ class EvalResult:
 
 @torch.inference_mode()
 def evaluate(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 1024, channels_last: bool = False
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    batch_size: int = 1024,
+    channels_last: bool = False,
+    forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    pad_last: bool = False,
+    autocast: torch.dtype | None = None,
 ) -> EvalResult:
     """Cross-entropy and top-1 accuracy of ``model`` in eval mode (the caller's mode is restored).
 
     ``channels_last`` feeds 4-d batches in channels-last memory format, as training does
-    (``ExperimentConfig.channels_last``): about twice as fast for the CNNs on CPU (pooling)."""
+    (``ExperimentConfig.channels_last``): about twice as fast for the CNNs on CPU (pooling).
+    ``forward`` replaces ``model(batch)`` (e.g. a ``torch.compile``-d model); ``pad_last``
+    zero-pads the last partial batch to ``batch_size`` and drops the padded rows' outputs, so a
+    compiled forward sees one shape and never recompiles (in eval mode a row's output does not
+    depend on the other rows). ``autocast`` runs the forward under ``torch.autocast`` in that
+    dtype (e.g. ``torch.bfloat16``); loss and accuracy are computed from float64 logits.
+    """
     was_training = model.training
     model.eval()
+    run = forward if forward is not None else model
     loss_sum = 0.0
     correct = []
     for start in range(0, len(x), batch_size):
         xb = x[start : start + batch_size]
+        n_real = len(xb)
+        if pad_last and n_real < batch_size:
+            xb = torch.cat([xb, xb.new_zeros((batch_size - n_real, *xb.shape[1:]))])
         if channels_last and xb.dim() == 4:
             xb = xb.contiguous(memory_format=torch.channels_last)
-        logits = model(xb)
+        with torch.autocast(xb.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            logits = run(xb)[:n_real]
+        logits = logits.double()
         yb = y[start : start + batch_size]
-        loss_sum += float(F.cross_entropy(logits.double(), yb, reduction="sum"))
+        loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
         correct.append(logits.argmax(dim=1) == yb)
     model.train(was_training)
     n = len(x)

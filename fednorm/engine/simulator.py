@@ -182,6 +182,8 @@ class Simulation:
         )
         self.executor_note = ""
         self.executor = self._make_executor()
+        self._eval_forward: Any = None
+        self.eval_compile_seconds: float | None = None
         self.server_round = 0
         self.uplink_bytes = 0
         self.downlink_bytes = 0  # every client's download counted (a broadcast once per client)
@@ -526,12 +528,26 @@ class Simulation:
             "client_accuracies": client_acc,
         }
 
+    def _compiled_forward(self) -> Any:
+        """``torch.compile`` of the working model for evaluation (``eval_compile``), built once."""
+        if not self.config.eval_compile:
+            return None
+        if self._eval_forward is None:
+            self._eval_forward = torch.compile(self.model, dynamic=False)
+        return self._eval_forward
+
     def evaluate_global(self, state: dict[str, torch.Tensor]) -> tuple[float, float, list[float | None]]:
         """Accuracy and loss of the global model on the whole test set, and each client's accuracy
         on its own test split (slices of the same predictions)."""
         data = self.data
-        res = evaluate(self.global_model(state), data.test_x, data.test_y, batch_size=self.config.eval_batch_size,
-                       channels_last=self.spec.channels_last)
+        cfg = self.config
+        model = self.global_model(state)
+        start = time.perf_counter()
+        res = evaluate(model, data.test_x, data.test_y, batch_size=cfg.eval_batch_size,
+                       channels_last=self.spec.channels_last, forward=self._compiled_forward(), pad_last=cfg.eval_compile,
+                       autocast=torch.bfloat16 if cfg.eval_autocast == "bfloat16" else None)
+        if cfg.eval_compile and self.eval_compile_seconds is None:
+            self.eval_compile_seconds = time.perf_counter() - start  # the first compiled evaluation: compiles
         client_acc = [float(res.correct[ix].double().mean()) if len(ix) else None for ix in data.client_test]
         return res.accuracy, res.loss, client_acc
 
@@ -571,6 +587,7 @@ class Simulation:
             "comm_rounds": self.comm_rounds,
             "executor": self.executor.name,
             "executor_note": self.executor_note,
+            "eval_compile_seconds": self.eval_compile_seconds,
             "threads": torch.get_num_threads(),
             "torch_version": torch.__version__,
             "fednorm_version": _fednorm_version(),
