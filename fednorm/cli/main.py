@@ -152,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_run.add_argument("--overwrite", action="store_true", help="start again in an --out directory that holds an earlier run (its files are deleted)")
     p_run.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
+    seeds = p_run.add_mutually_exclusive_group()
+    seeds.add_argument("--seeds", metavar="S,S,...", help="run once per seed (comma-separated) in OUT/seed<k> and report "
+                       "mean ± std of every metric (OUT/seeds.json, seeds.csv, accuracy_seeds.png); rerunning the "
+                       "command keeps finished seeds and resumes an interrupted one")
+    seeds.add_argument("--num-seeds", type=int, metavar="N", help="--seeds SEED, SEED+1, ..., SEED+N-1 (SEED: --seed)")
     _add_config_options(p_run)
 
     p_launch = sub.add_parser(
@@ -358,7 +363,51 @@ def _keeping_threads(fn: Any, *args: Any) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.seeds is not None or args.num_seeds is not None:
+        return _keeping_threads(_run_seeds_command, args)
     return _keeping_threads(run_command, args)
+
+
+def _run_seeds_command(args: argparse.Namespace) -> int:
+    """``fednorm run --seeds``: :func:`fednorm.seeds.run_seeds` with the run's options."""
+    from ..engine.outputs import default_run_dir
+    from ..seeds import run_seeds
+    from . import rundir
+
+    if args.resume is not None or args.overwrite:
+        raise ConfigError("--seeds keeps finished seeds and resumes an interrupted one by itself: rerun the same "
+                          "command (without --resume/--overwrite), or pick a new --out")
+    cfg, _ = _resolve_threads(_config_from(args))
+    if args.num_seeds is not None:
+        if args.num_seeds < 1:
+            raise ConfigError(f"--num-seeds must be at least 1, got {args.num_seeds}")
+        seeds = [cfg.seed + i for i in range(args.num_seeds)]
+    else:
+        try:
+            seeds = [int(t) for t in _split(args.seeds)]
+        except ValueError:
+            raise ConfigError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
+        if not seeds:
+            raise ConfigError("--seeds needs at least one seed")
+    root = Path(cfg.out) if cfg.out else default_run_dir(cfg)
+    rundir.check_writable(root)
+    if rundir.holds_run(root):
+        raise ConfigError(f"{root} holds a single run; --seeds writes one run directory per seed under OUT: pick a new --out")
+    progress = False if args.quiet else None
+    on_round = None
+    if progress is None:
+        from .progress import ProgressLines, wants_lines
+
+        on_round = ProgressLines() if wants_lines() else None
+    result = run_seeds(cfg, seeds, root, progress=progress, on_round=on_round)
+    if result.reused:
+        print(f"kept the finished seed(s) {', '.join(map(str, result.reused))}")
+    statuses = [s.get("status") for s in result.summaries.values()]
+    if "interrupted" in statuses:
+        print(f"interrupted; the finished seeds are kept: run the same command again to continue ({root})")
+        return 130
+    print(result.table())
+    return 0
 
 
 def _cmd_launch(args: argparse.Namespace, forwarded: list[str]) -> int:

@@ -1,0 +1,204 @@
+"""One experiment over several seeds: a run directory per seed, and mean ± std of every summary
+metric (the way FL papers report results).
+
+``run_seeds`` runs (or resumes, or reuses) ``ROOT/seed<k>`` for each seed ``k``; a seed whose
+run finished is never rerun, an interrupted one continues from its checkpoint. It writes
+``ROOT/seeds.json`` and ``ROOT/seeds.csv`` (each metric's mean, sample std, min, max and the
+per-seed values) and ``ROOT/accuracy_seeds.png`` (the mean test-accuracy curve with a ±std band).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+__all__ = ["SeedStats", "SeedsResult", "run_seeds", "summarize_seeds", "load_run"]
+
+#: Summary metrics aggregated over seeds (those a run's summary.json has), as fractions.
+METRICS = ("final_test_accuracy", "best_test_accuracy", "last10_mean_test_accuracy", "final_mean_client_accuracy",
+           "final_test_loss")
+
+
+@dataclass
+class SeedStats:
+    """One metric over the seeds: mean, sample std (0 for one seed), min, max, per-seed values."""
+
+    mean: float
+    std: float
+    min: float
+    max: float
+    values: dict[int, float]
+
+
+@dataclass
+class SeedsResult:
+    """What :func:`run_seeds` returns: the root folder, each seed's run directory, summary and
+    history, and the statistics per metric (plus per domain where the runs have domains)."""
+
+    root: Path
+    runs: dict[int, Path]
+    summaries: dict[int, dict[str, Any]]
+    histories: dict[int, list[dict[str, Any]]]
+    stats: dict[str, SeedStats] = field(default_factory=dict)
+    reused: list[int] = field(default_factory=list)
+
+    def table(self) -> str:
+        """A plain-text table of the metrics in %: mean ± std (min–max) over the seeds."""
+        seeds = ", ".join(str(s) for s in self.runs)
+        lines = [f"{len(self.runs)} seed(s) ({seeds}), {self.root}:"]
+        for name, st in self.stats.items():
+            scale = 1.0 if name.endswith("loss") else 100.0
+            unit = "" if name.endswith("loss") else "%"
+            lines.append(f"  {name:<34} {scale * st.mean:7.2f}{unit} ± {scale * st.std:5.2f}"
+                         f"  ({scale * st.min:.2f}–{scale * st.max:.2f})")
+        return "\n".join(lines)
+
+
+def load_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A run directory's ``summary.json`` and the evaluations of its ``metrics.jsonl``."""
+    d = Path(run_dir)
+    summary = json.loads((d / "summary.json").read_text())
+    history = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return summary, history
+
+
+def _finished(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("status") == "completed"
+    except (OSError, ValueError):
+        return False
+
+
+def _stats(values: dict[int, float]) -> SeedStats | None:
+    clean = {s: v for s, v in values.items() if v is not None and not math.isnan(v)}
+    if not clean:
+        return None
+    xs = list(clean.values())
+    return SeedStats(statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0, min(xs), max(xs), clean)
+
+
+def summarize_seeds(summaries: dict[int, dict[str, Any]]) -> dict[str, SeedStats]:
+    """Mean, sample std, min and max over seeds of every metric in :data:`METRICS`, and, for
+    feature-shift runs (``client_sources``), of each source's final accuracy: the mean over its
+    clients' own test accuracies, as FedBN's Table 11 reports per domain."""
+    out: dict[str, SeedStats] = {}
+    for name in METRICS:
+        st = _stats({s: summ.get(name) for s, summ in summaries.items()})
+        if st is not None:
+            out[name] = st
+    per_source: dict[str, dict[int, float]] = {}
+    for seed, summ in summaries.items():
+        sources, accs = summ.get("client_sources"), summ.get("final_client_accuracies")
+        if not sources or not accs:
+            continue
+        groups: dict[str, list[float]] = {}
+        for src, acc in zip(sources, accs):
+            if acc is not None:
+                groups.setdefault(src, []).append(acc)
+        for src, vals in groups.items():
+            per_source.setdefault(src, {})[seed] = statistics.fmean(vals)
+    for src in sorted(per_source):
+        st = _stats(per_source[src])
+        if st is not None:
+            out[f"final_accuracy[{src}]"] = st
+    return out
+
+
+def run_seeds(
+    config: Any,
+    seeds: Iterable[int],
+    root: str | Path,
+    *,
+    run: Callable[..., Any] | None = None,
+    plot: bool = True,
+    **run_kwargs: Any,
+) -> SeedsResult:
+    """Run ``config`` once per seed in ``root/seed<k>`` and aggregate.
+
+    Args:
+        config: an :class:`~fednorm.config.ExperimentConfig` (its ``seed`` and ``out`` are replaced).
+        seeds: the seeds, e.g. ``[0, 1, 2]``.
+        root: the folder of the per-seed run directories and of the aggregate files.
+        run: the function that runs one experiment (default :func:`fednorm.api.run`); it is called
+            as ``run(config, **run_kwargs)`` for a new seed and ``run(resume=dir, **run_kwargs)``
+            for an interrupted one.
+        plot: draw ``accuracy_seeds.png``.
+    """
+    from .api import run as api_run
+    from .config import ExperimentConfig
+
+    run = run or api_run
+    root = Path(root)
+    seeds = list(dict.fromkeys(int(s) for s in seeds))
+    if not seeds:
+        raise ValueError("run_seeds needs at least one seed")
+    base = config.model_dump() if isinstance(config, ExperimentConfig) else dict(config)
+    result = SeedsResult(root=root, runs={}, summaries={}, histories={})
+    for seed in seeds:
+        d = root / f"seed{seed}"
+        result.runs[seed] = d
+        if _finished(d):
+            result.reused.append(seed)
+        elif (d / "checkpoint.pt").exists():
+            run(resume=d, **run_kwargs)
+        else:
+            run(ExperimentConfig(**{**base, "seed": seed, "out": str(d)}), **run_kwargs)
+        result.summaries[seed], result.histories[seed] = load_run(d)
+        if result.summaries[seed].get("status") != "completed":  # interrupted: stop here, resumable
+            break
+    result.stats = summarize_seeds({s: v for s, v in result.summaries.items() if v.get("status") == "completed"})
+    _write(result)
+    if plot and result.histories:
+        plot_seed_curves(result.histories, root / "accuracy_seeds.png",
+                         title=f"{base.get('method')} + {base.get('norm')} on {base.get('dataset')}, {len(result.histories)} seed(s)")
+    return result
+
+
+def _write(result: SeedsResult) -> None:
+    result.root.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "seeds": list(result.runs),
+        "runs": {str(s): str(d) for s, d in result.runs.items()},
+        "status": {str(s): summ.get("status") for s, summ in result.summaries.items()},
+        "metrics": {name: {"mean": st.mean, "std": st.std, "min": st.min, "max": st.max,
+                           "values": {str(s): v for s, v in st.values.items()}}
+                    for name, st in result.stats.items()},
+    }
+    (result.root / "seeds.json").write_text(json.dumps(payload, indent=2) + "\n")
+    with open(result.root / "seeds.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        seeds = list(result.runs)
+        w.writerow(["metric", "mean", "std", "min", "max", *[f"seed{s}" for s in seeds]])
+        for name, st in result.stats.items():
+            w.writerow([name, st.mean, st.std, st.min, st.max, *[st.values.get(s, "") for s in seeds]])
+
+
+def plot_seed_curves(histories: dict[int, Sequence[dict[str, Any]]], path: str | Path, title: str = "") -> Path:
+    """Mean test accuracy over the seeds against rounds, with a ±std band (rounds every seed evaluated)."""
+    from .plotting import _figure
+
+    common = sorted(set.intersection(*[{h["round"] for h in hist} for hist in histories.values()]))
+    per_round = {r: [100 * next(h["test_accuracy"] for h in hist if h["round"] == r) for hist in histories.values()]
+                 for r in common}
+    means = [statistics.fmean(v) for v in per_round.values()]
+    stds = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in per_round.values()]
+    fig = _figure((7, 4.5))
+    ax = fig.subplots()
+    ax.plot(common, means, marker=".", label=f"mean of {len(histories)} seed(s)")
+    ax.fill_between(common, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)], alpha=0.25,
+                    label="± std")
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    return path
