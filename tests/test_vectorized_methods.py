@@ -27,6 +27,16 @@ CASES = {
     "hbn_fedprox": dict(method="hbn", norm="hbn", client_opt="fedprox", client_opt_args={"mu": 0.5}),
     "fedavg_scaffold": dict(method="fedavg", norm="bn", client_opt="scaffold"),
     "fbn_scaffold": dict(method="fbn", norm="fbn", client_opt="scaffold", server_opt="fedavgm"),
+    # label-skew objectives: per-client calibrated logits (forward hook on the client-concatenated
+    # logits) and the decorrelation loss on each client's head input
+    "fedavg_fedlc": dict(method="fedavg", norm="bn", client_opt="fedlc", client_opt_args={"tau": 0.5}),
+    "fedavg_fedlc_clamp": dict(method="fedavg", norm="ln", client_opt="fedlc", client_opt_args={"absent": "clamp"}),
+    "fedavg_fedrs": dict(method="fedavg", norm="bn", client_opt="fedrs", client_opt_args={"alpha": 0.3}),
+    "hbn_fedrs": dict(method="hbn", norm="hbn", client_opt="fedrs"),
+    # (eps 1e-2: with the default 1e-8 a nearly dead ReLU feature, variance ~1e-12, divides the
+    # executors' 1e-16 rounding differences by sqrt(eps) and two rounds drift apart by ~1e-5)
+    "fedavg_feddecorr": dict(method="fedavg", norm="bn", client_opt="feddecorr", client_opt_args={"beta": 0.5, "eps": 1e-2}),
+    "fn_feddecorr": dict(method="fedavg", norm="fn", client_opt="feddecorr", client_opt_args={"beta": 0.5, "eps": 1e-2}),
 }
 
 

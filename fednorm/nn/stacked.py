@@ -51,6 +51,7 @@ __all__ = [
     "set_row_mask",
     "set_frozen_statistics",
     "set_forward_clients",
+    "forward_clients",
     "attach_stacked_fbn_recorders",
     "collect_stacked_hbn_statistics",
     "detach_stacked_fbn_recorders",
@@ -122,11 +123,19 @@ def set_forward_clients(model: nn.Module, clients: torch.Tensor | None) -> nn.Mo
     ``clients[j]`` is the stacked-model row (client position) of the pass's j-th client (the
     executor runs subsets of a chunk once clients run out of batches). Layers that record
     per-client statistics (:class:`StackedFederatedBatchNorm`) tag them with it; ``None``: all
-    rows, in order."""
+    rows, in order. The root records it too, for hooks on the model (:func:`forward_clients`)."""
+    model.__dict__["_forward_clients"] = clients
     for m in model.modules():
         if isinstance(m, StackedBatchNorm):
             m.forward_clients = clients
     return model
+
+
+def forward_clients(model: nn.Module) -> torch.Tensor | None:
+    """The client rows of a stacked model's current forward passes, as last set by
+    :func:`set_forward_clients` on it (``None``: all rows, in order). Forward hooks that apply a
+    per-client transform (FedLC's and FedRS's logits) read it."""
+    return model.__dict__.get("_forward_clients")
 
 
 def _repeat(t: torch.Tensor | None, k: int) -> torch.Tensor | None:

@@ -1,4 +1,5 @@
-"""FL optimizers that compose with every method: client side (FedProx, SCAFFOLD, MOON) and
+"""FL optimizers that compose with every method: client side (FedProx, SCAFFOLD, MOON, and the
+label-skew objectives FedLC, FedRS, FedDecorr) and
 server side (FedAvgM, FedAdam, FedYogi). See :func:`fednorm.optim.compose.compose`."""
 
 from .client import (
@@ -12,6 +13,7 @@ from .client import (
     register_client_optimizer,
 )
 from .compose import OptimizedMethod, build_method, compose
+from .objectives import FedDecorr, FedLC, FedRS
 from .server import (
     SERVER_OPTIMIZERS,
     FedAdam,
@@ -31,6 +33,9 @@ __all__ = [
     "FedProx",
     "Scaffold",
     "Moon",
+    "FedLC",
+    "FedRS",
+    "FedDecorr",
     "FedAvgM",
     "FedAdam",
     "FedYogi",
