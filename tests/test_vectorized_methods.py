@@ -37,6 +37,8 @@ CASES = {
     # executors' 1e-16 rounding differences by sqrt(eps) and two rounds drift apart by ~1e-5)
     "fedavg_feddecorr": dict(method="fedavg", norm="bn", client_opt="feddecorr", client_opt_args={"beta": 0.5, "eps": 1e-2}),
     "fn_feddecorr": dict(method="fedavg", norm="fn", client_opt="feddecorr", client_opt_args={"beta": 0.5, "eps": 1e-2}),
+    # GN + weight-standardized convolutions (each client's filters standardized in the stacked conv)
+    "fedavg_gn_ws": dict(method="fedavg", norm="gn_ws"),
 }
 
 

@@ -183,7 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
         "data under label skew at batch 4 (Dirichlet 0.1, 10 clients, 15 rounds).",
     )
     p_cmp.add_argument("--config", type=Path, help="YAML base config")
-    p_cmp.add_argument("--methods", help="comma-separated methods (default: the config's method)")
+    p_cmp.add_argument("--methods", help="comma-separated methods (default: the config's method); a client optimizer's name "
+                       "(fedlc, fedrs, feddecorr, fedprox, ...) means the config's method with that client optimizer")
+    p_cmp.add_argument("--client-opts", help="comma-separated client optimizers, 'none' for plain local SGD (the cross "
+                       "product with --methods and --norms is run)")
     p_cmp.add_argument("--norms", help="comma-separated norms (default: the config's norm; the cross product with --methods is run)")
     p_cmp.add_argument("--variants", help="explicit variants 'method:norm,method:norm' (overrides --methods/--norms)")
     p_cmp.add_argument("--overwrite", action="store_true", help="write into an --out directory that holds an earlier comparison (its run files are deleted)")
@@ -445,6 +448,18 @@ def _split(text: str | None) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()] if text else []
 
 
+def _method_variant(name: str, base_method: str) -> dict[str, str]:
+    """``--methods`` entry: a method, or a client optimizer run with the config's method
+    (``fedlc`` = FedAvg with FedLC's objective when the config's method is FedAvg)."""
+    from ..methods.registry import METHODS
+    from ..optim import CLIENT_OPTIMIZERS
+
+    key = name.lower()
+    if key not in METHODS and key in CLIENT_OPTIMIZERS and key != "none":
+        return {"method": base_method, "client_opt": key}
+    return {"method": name}
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from ..api import DEFAULT_VARIANTS, compare, plan_variants
     from . import rundir
@@ -455,10 +470,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         for item in _split(args.variants):
             method, _, norm = item.partition(":")
             variants.append({"method": method, "norm": norm or cfg.norm})
-    elif args.methods or args.norms:
-        methods = _split(args.methods) or [cfg.method]
+    elif args.methods or args.norms or args.client_opts:
+        methods = [_method_variant(m, cfg.method) for m in _split(args.methods)] or [{"method": cfg.method}]
         norms = _split(args.norms) or [cfg.norm]
-        variants = [{"method": m, "norm": n} for m in methods for n in norms]
+        opts = [{} if o == "none" else {"client_opt": o} for o in _split(args.client_opts)] or [{}]
+        variants = [{**m, "norm": n, **o} for m in methods for n in norms for o in opts]
     else:
         variants = [dict(v) for v in DEFAULT_VARIANTS]
     if cfg.out:

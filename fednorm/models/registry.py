@@ -69,6 +69,7 @@ def get_model(
 
     placement = norm_placement(norm_layer)
     fn_options = placement.pop("feature_norm", None)
+    ws_options = placement.pop("weight_standardization", None)
     if placement:
         import inspect
 
@@ -90,6 +91,10 @@ def get_model(
         norm_layer=norm_layer,
         **kwargs,
     )
+    if ws_options is not None:  # gn_ws: every Conv2d weight-standardized (fednorm/nn/weight_std.py)
+        from ..nn.weight_std import convert_weight_standardization
+
+        model = convert_weight_standardization(model, **ws_options)
     if feature_norm or fn_options is not None:
         from ..nn.feature_norm import with_feature_norm
 

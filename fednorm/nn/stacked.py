@@ -40,6 +40,7 @@ from .hbn import batch_moments, hybrid_batch_norm
 __all__ = [
     "NotStackableError",
     "StackedConv2d",
+    "StackedStdConv2d",
     "StackedLinear",
     "StackedBatchNorm",
     "StackedFederatedBatchNorm",
@@ -162,6 +163,23 @@ class StackedConv2d(nn.Module):
 
     def extra_repr(self) -> str:
         return f"clients={self.weight.shape[0]}, weight={tuple(self.weight.shape[1:])}, stride={self.stride}, padding={self.padding}"
+
+
+class StackedStdConv2d(StackedConv2d):
+    """K clients' weight-standardized ``Conv2d`` (:class:`~fednorm.nn.weight_std.StdConv2d`): each
+    client's filters standardized per output channel, then one grouped convolution."""
+
+    def __init__(self, conv: nn.Conv2d, num_clients: int) -> None:
+        super().__init__(conv, num_clients)
+        self.eps = conv.eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from .weight_std import standardize_weight
+
+        k = self.weight.shape[0]
+        w = standardize_weight(self.weight, self.eps).reshape(k * self.out_channels, *self.weight.shape[2:])
+        b = None if self.bias is None else self.bias.reshape(-1)
+        return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, k * self.groups)
 
 
 class StackedLinear(nn.Module):
@@ -652,7 +670,13 @@ _PASSTHROUGH = (
 def _convert(module: nn.Module, k: int) -> nn.Module:
     from ..models.resnet import PadShortcut
 
+    from .weight_std import StdConv2d
+
+    if isinstance(module, StdConv2d):
+        return StackedStdConv2d(module, k)
     if isinstance(module, nn.Conv2d):
+        if type(module) is not nn.Conv2d:  # a subclass changes the forward: stacking it as a plain conv would be wrong
+            raise NotStackableError(f"{type(module).__name__} has no stacked version yet")
         return StackedConv2d(module, k)
     if isinstance(module, nn.Linear):
         return StackedLinear(module, k)

@@ -1,0 +1,133 @@
+"""Weight standardization (Qiao et al. 2019, arXiv:1903.10520) and the ``gn_ws`` norm.
+
+A weight-standardized convolution convolves with its weight standardized per output channel:
+
+.. math::
+
+    \\hat W_{o} = \\frac{W_{o} - \\mathrm{mean}(W_{o})}{\\sqrt{\\mathrm{var}(W_{o}) + \\epsilon}}
+
+over the ``C_in/g · k_h · k_w`` entries of output channel ``o`` (biased variance), as timm's
+``StdConv2d`` computes it (``F.batch_norm`` over the weight, ``eps=1e-6``); the WS paper's code
+divides by the unbiased standard deviation plus 1e-5 instead, a difference of order 1/fan-in.
+The stored parameter stays the raw ``W`` (what FedAvg averages); only the forward uses ``Ŵ``.
+
+``--norm gn_ws`` is GroupNorm in every norm site plus every ``Conv2d`` of the model converted to
+:class:`StdConv2d` (GN+WS, the batch-free combination the later FL literature reports strongest
+under label skew; issue 21). The conversion is :func:`convert_weight_standardization`, in the
+manner of ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``; :func:`revert_weight_standardization`
+undoes it. The vectorized executor runs it as ``StackedStdConv2d`` (each client's own filters
+standardized).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .norms import create_group_norm, register_norm
+
+__all__ = ["StdConv2d", "standardize_weight", "convert_weight_standardization", "revert_weight_standardization",
+           "create_group_norm_ws"]
+
+
+def standardize_weight(weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``weight`` standardized over its last three axes (``C_in/g, k_h, k_w``) per output channel:
+    zero mean, unit (biased) variance up to ``eps``. Leading axes (``C_out``, or ``K, C_out`` for a
+    stacked weight) index independent channels."""
+    dims = (-3, -2, -1)
+    var, mean = torch.var_mean(weight, dim=dims, keepdim=True, correction=0)
+    return (weight - mean) / torch.sqrt(var + eps)
+
+
+class StdConv2d(nn.Conv2d):
+    """``nn.Conv2d`` whose forward uses the weight standardized per output channel
+    (:func:`standardize_weight`). Subclasses ``nn.Conv2d``, so state-dict keys and every
+    ``isinstance(m, nn.Conv2d)`` selection are unchanged.
+
+    Args:
+        *args, **kwargs: as ``nn.Conv2d``.
+        eps: added to the per-channel variance (default: 1e-6, timm's ``StdConv2d``).
+    """
+
+    def __init__(self, *args: Any, eps: float = 1e-6, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._conv_forward(x, standardize_weight(self.weight, self.eps), self.bias)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", eps={self.eps}"
+
+
+def convert_weight_standardization(module: nn.Module, eps: float = 1e-6) -> nn.Module:
+    """Replace every ``nn.Conv2d`` of ``module`` (not already a :class:`StdConv2d`) with a
+    :class:`StdConv2d` holding the same parameters; returns the new root if the root is a conv."""
+    out = module
+    if type(module) is nn.Conv2d:
+        out = StdConv2d(
+            module.in_channels, module.out_channels, module.kernel_size, module.stride, module.padding,
+            module.dilation, module.groups, module.bias is not None, module.padding_mode, eps=eps,
+            device=module.weight.device, dtype=module.weight.dtype,
+        )
+        with torch.no_grad():
+            out.weight = module.weight
+            if module.bias is not None:
+                out.bias = module.bias
+        out.train(module.training)
+    for name, child in module.named_children():
+        out.add_module(name, convert_weight_standardization(child, eps))
+    return out
+
+
+def revert_weight_standardization(module: nn.Module) -> nn.Module:
+    """Undo :func:`convert_weight_standardization`: every :class:`StdConv2d` back to ``nn.Conv2d``
+    with the same (raw) parameters."""
+    out = module
+    if isinstance(module, StdConv2d):
+        out = nn.Conv2d(
+            module.in_channels, module.out_channels, module.kernel_size, module.stride, module.padding,
+            module.dilation, module.groups, module.bias is not None, module.padding_mode,
+            device=module.weight.device, dtype=module.weight.dtype,
+        )
+        out.weight = module.weight
+        if module.bias is not None:
+            out.bias = module.bias
+        out.train(module.training)
+    for name, child in module.named_children():
+        out.add_module(name, revert_weight_standardization(child))
+    return out
+
+
+def _ws_placement(ws_eps: float = 1e-6, **_: Any) -> dict[str, Any]:
+    return {"weight_standardization": {"eps": ws_eps}}
+
+
+@register_norm("gn_ws")
+def create_group_norm_ws(
+    num_features: int,
+    *,
+    spatial: bool = True,
+    num_groups: int = 2,
+    eps: float = 1e-5,
+    affine: bool = True,
+    ws_eps: float = 1e-6,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """GN+WS: ``GroupNorm`` at every norm site (as ``gn``: ``num_groups`` default 2) and every
+    ``Conv2d`` of the model weight-standardized (:class:`StdConv2d`, ``ws_eps``), applied by
+    :func:`fednorm.models.get_model`.
+
+    Args:
+        num_features, spatial, num_groups, eps, affine, device, dtype: as the ``gn`` norm.
+        ws_eps: the weight standardization's eps (default: 1e-6, timm's ``StdConv2d``).
+    """
+    del ws_eps  # used by the placement (the model's convolutions), not the norm layer
+    return create_group_norm(num_features, spatial=spatial, num_groups=num_groups, eps=eps, affine=affine,
+                             device=device, dtype=dtype)
+
+
+create_group_norm_ws.placement = _ws_placement  # type: ignore[attr-defined]
