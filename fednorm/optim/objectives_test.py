@@ -178,3 +178,19 @@ def test_objectives_run_vectorized_and_change_training(client_opt):
     assert sim.executor.name == "vectorized", sim.executor_note
     a, b = plain.step(), sim.step()
     assert a.train_loss != b.train_loss
+
+
+def test_compare_runs_client_objectives_named_in_methods(tmp_path, monkeypatch):
+    """``fednorm compare --methods fedavg,fedlc`` runs FedLC as FedAvg with its objective, and
+    ``--client-opts`` crosses client optimizers with the methods and norms."""
+    from fednorm.cli.main import main
+
+    monkeypatch.setattr("fednorm.plotting.plot_comparison", lambda *a, **k: None)
+    tiny = ["--rounds", "1", "--num-clients", "3", "--model", "mlp", "--batch-size", "64", "--quiet", "--threads", "1"]
+    assert main(["compare", *tiny, "--methods", "fedavg,fedlc", "--norms", "ln", "--out", str(tmp_path / "a")]) == 0
+    table = (tmp_path / "a" / "results.md").read_text()
+    assert "fedavg+ln |" in table and "fedavg+ln(client_opt=fedlc)" in table
+    assert main(["compare", *tiny, "--methods", "fedavg", "--client-opts", "none,fedrs,feddecorr",
+                 "--out", str(tmp_path / "b")]) == 0
+    table = (tmp_path / "b" / "results.md").read_text()
+    assert "client_opt=fedrs" in table and "client_opt=feddecorr" in table
