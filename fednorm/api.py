@@ -386,8 +386,10 @@ def plan_variants(base: ExperimentConfig, variants: Sequence[Mapping[str, Any]],
 
     planned: list[tuple[str, ExperimentConfig]] = []
     for variant in variants:
+        variant = dict(variant)
+        given = variant.pop("label", None)  # a variant may name itself (e.g. the centralized reference)
         full = {"method": base.method, "norm": base.norm, **variant}
-        label = variant_label(full)
+        label = given or variant_label(full)
         try:
             cfg = resolve_config(base, **full, out=_variant_dir(root, label) if root else None)
             check_names(cfg)

@@ -184,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_cmp.add_argument("--config", type=Path, help="YAML base config")
     p_cmp.add_argument("--methods", help="comma-separated methods (default: the config's method); a client optimizer's name "
-                       "(fedlc, fedrs, feddecorr, fedprox, ...) means the config's method with that client optimizer")
+                       "(fedlc, fedrs, feddecorr, fedprox, ...) means the config's method with that client optimizer; "
+                       "'centralized': the union of the clients' data, the same samples per round (the upper bound)")
     p_cmp.add_argument("--client-opts", help="comma-separated client optimizers, 'none' for plain local SGD (the cross "
                        "product with --methods and --norms is run)")
     p_cmp.add_argument("--norms", help="comma-separated norms (default: the config's norm; the cross product with --methods is run)")
@@ -462,6 +463,7 @@ def _method_variant(name: str, base_method: str) -> dict[str, str]:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from ..api import DEFAULT_VARIANTS, compare, plan_variants
+    from ..centralized import CENTRALIZED, centralized_overrides
     from . import rundir
 
     cfg = _config_from(args, base=QUICKSTART)
@@ -474,7 +476,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         methods = [_method_variant(m, cfg.method) for m in _split(args.methods)] or [{"method": cfg.method}]
         norms = _split(args.norms) or [cfg.norm]
         opts = [{} if o == "none" else {"client_opt": o} for o in _split(args.client_opts)] or [{}]
-        variants = [{**m, "norm": n, **o} for m in methods for n in norms for o in opts]
+        variants = []
+        for m in methods:
+            for n in norms:
+                if m.get("method") == CENTRALIZED:  # the union of the clients' data (fednorm/centralized.py)
+                    over = centralized_overrides(cfg.model_copy(update={"norm": n}))
+                    variants.append({**over, "norm": n, "label": f"centralized+{n}"})
+                else:
+                    variants.extend({**m, "norm": n, **o} for o in opts)
     else:
         variants = [dict(v) for v in DEFAULT_VARIANTS]
     if cfg.out:
