@@ -61,7 +61,7 @@ class ExperimentConfig(BaseModel):
     method_args: dict[str, Any] = Field(default_factory=dict, description="method options, e.g. {weighting: uniform}")
 
     # --- FL optimizers (fednorm.optim: client side FedProx/SCAFFOLD/MOON, server side FedAvgM/FedAdam/FedYogi) ---
-    client_opt: str = Field("none", description="client optimizer composed with the method: none, fedprox, scaffold, moon")
+    client_opt: str = Field("none", description="client optimizer or objective composed with the method (`fednorm list client_opts`): none, fedprox, scaffold, moon, fedlc, fedrs, feddecorr")
     client_opt_args: dict[str, Any] = Field(default_factory=dict, description="client optimizer options, e.g. {mu: 0.01}")
     server_opt: str = Field("none", description="server optimizer on the learnable parameters: none, fedavgm, fedadam, fedyogi")
     server_opt_args: dict[str, Any] = Field(default_factory=dict, description="server optimizer options, e.g. {server_lr: 0.01}")
