@@ -123,6 +123,10 @@ def _check_resumable(cfg: ExperimentConfig, saved: Mapping[str, Any], run_dir: P
     from .errors import ConfigError
 
     now = cfg.model_dump(mode="json")
+    # A field added after the checkpoint was written is absent from it; the run had that
+    # field's default behaviour (new fields default to the old behaviour), so compare with it.
+    defaults = ExperimentConfig().model_dump(mode="json")
+    saved = {**{k: defaults[k] for k in now if k not in saved}, **saved}
     diff = [k for k in now if k not in RESUMABLE_OVERRIDES and now[k] != saved.get(k)]
     if diff:
         detail = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {now[k]!r}" for k in diff)

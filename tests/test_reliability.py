@@ -162,3 +162,27 @@ def test_resume_refuses_changed_settings_and_corrupt_checkpoints(tmp_path, capsy
     with pytest.raises(CheckpointError):
         load_latest(out)
     assert main(["run", "--resume", str(tmp_path / "nowhere")]) == 2
+
+
+def test_a_checkpoint_from_before_a_config_field_existed_still_resumes(tmp_path):
+    """A field added to ExperimentConfig after a run started is absent from its checkpoint and
+    config.yaml; its default is the behaviour the run had, so the run resumes and finishes."""
+    import yaml
+
+    from fednorm.engine.checkpoint import save_checkpoint
+
+    out = tmp_path / "old"
+    api.run(rounds=1, checkpoint_every=1, out=str(out), progress=False, **BASE)
+    new_fields = ("eval_autocast", "eval_compile", "input_norm")  # fields this version added
+    checkpoint = {k: v for k, v in load_latest(out).items() if k not in ("version", "fednorm_version")}
+    for key in new_fields:
+        del checkpoint["config"][key]
+    save_checkpoint(out, checkpoint)
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    (out / "config.yaml").write_text(yaml.safe_dump({k: v for k, v in saved.items() if k not in new_fields}))
+    result = api.run(resume=out, rounds=2, progress=False)
+    assert result.summary["status"] == "completed" and result.summary["rounds"] == 2
+    with pytest.raises(ConfigError, match="settings differ"):  # a real difference is still refused
+        checkpoint["config"]["lr"] = 0.123
+        save_checkpoint(out, checkpoint)
+        api.run(resume=out, rounds=3, progress=False)
