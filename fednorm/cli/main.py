@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
         "config files and results as `fednorm run`. On a cluster use `torchrun ... -m fednorm.distributed RUN-OPTIONS`.",
     )
     p_launch.add_argument("--nproc", type=int, default=2, help="worker processes (default: 2)")
-    from ..distributed.worker import add_worker_options
+    from .worker_options import add_worker_options
 
     add_worker_options(p_launch)
     p_launch.add_argument("--config", type=Path, help="YAML config file (options below override it)")

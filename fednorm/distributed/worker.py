@@ -9,18 +9,14 @@ from typing import Sequence
 
 import torch.distributed as dist
 
+from ..cli.worker_options import add_worker_options
+
 __all__ = ["main", "add_worker_options", "FAULT_ENV"]
 
 # Fault injection for tests and drills: "RANK:ROUND" makes that rank exit abruptly (os._exit)
 # when it starts that round, as a crashed machine would; "RANK:ROUND:hang" makes it stop
 # answering instead (the others' collectives then time out after --timeout).
 FAULT_ENV = "FEDNORM_KILL_RANK_AT_ROUND"
-
-
-def add_worker_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=["gloo", "nccl"], help="collective backend (default: nccl with CUDA, else gloo)")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds any collective may wait for the other ranks before the run fails (default: 300)")
 
 
 def _fault_hook():

@@ -10,7 +10,7 @@ under every executor.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -18,7 +18,30 @@ from torch import nn
 from ..errors import InconsistentUpdateError
 from ..nn.state import state_keys
 
-__all__ = ["ClientContext", "ClientUpdates", "Method", "StackedClientContext", "stack_rows", "weighted_average"]
+__all__ = [
+    "ClientContext", "ClientUpdates", "Method", "ServerView", "StackedClientContext", "stack_rows", "weighted_average",
+]
+
+
+
+class ServerView(Protocol):
+    """What a method may see of the engine running it (the server's side of a run).
+
+    Methods are handed this view instead of importing the engine: the engine imports every
+    method, so a method importing the engine would close an import circle. Every runtime
+    (simulation, torch.distributed, Flower) provides it.
+    """
+
+    global_state: dict[str, torch.Tensor]
+    server_round: int
+
+    def sample_clients(self, server_round: int) -> list[int]: ...
+
+    def query_clients(
+        self, client_ids: list[int], query: str, state: dict[str, torch.Tensor] | None = None
+    ) -> dict[int, dict[str, torch.Tensor]]: ...
+
+    def collect_bank(self) -> dict[int, dict[str, torch.Tensor]]: ...
 
 
 @dataclass
@@ -344,23 +367,23 @@ class Method:
         return {k: weighted_average(updates.states[k], weights) for k in self.shared_keys}
 
     # -- evaluation -------------------------------------------------------------------------
-    def evaluation_state(self, sim: Any) -> dict[str, torch.Tensor]:
+    def evaluation_state(self, sim: ServerView) -> dict[str, torch.Tensor]:
         """The global state to evaluate (default: as aggregated). HBN recomputes its statistics
         under the new weights here, as its paper evaluates."""
         return sim.global_state
 
-    def initial_state(self, sim: Any) -> dict[str, torch.Tensor] | None:
+    def initial_state(self, sim: ServerView) -> dict[str, torch.Tensor] | None:
         """An exchange before round 1 (e.g. HBN's and FBN's statistics pass under the initial
         weights): the global state to start round 1 from, or ``None`` to start from the
         initialisation (default). It may query clients (``sim.query_clients``)."""
         return None
 
-    def final_state(self, sim: Any) -> dict[str, torch.Tensor] | None:
+    def final_state(self, sim: ServerView) -> dict[str, torch.Tensor] | None:
         """A last exchange after training (HBN's statistics-only round T+1): the global state to
         deploy, or ``None`` when the trained state is final (default)."""
         return None
 
-    def report(self, sim: Any) -> dict[str, Any]:
+    def report(self, sim: ServerView) -> dict[str, Any]:
         """Method-specific figures for ``summary.json`` (default: none)."""
         return {}
 

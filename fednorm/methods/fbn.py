@@ -69,7 +69,7 @@ from ..nn.fbn import (
 )
 from ..nn.functional import pooled_stats
 from ..nn.stacked import attach_stacked_fbn_recorders, detach_stacked_fbn_recorders
-from .base import ClientContext, ClientUpdates, StackedClientContext
+from .base import ClientContext, ClientUpdates, ServerView, StackedClientContext
 from .fedavg import FedAvg, aggregate_group
 from .registry import register_method
 
@@ -263,7 +263,7 @@ class FBN(FedAvg):
         return out
 
     # -- server -----------------------------------------------------------------------------
-    def initial_state(self, sim: Any) -> dict[str, torch.Tensor] | None:
+    def initial_state(self, sim: ServerView) -> dict[str, torch.Tensor] | None:
         """The exact statistics of the initial model on the sampled clients' data (spec B10):
         L statistics-only exchanges, each recomputing every layer under the statistics set by
         the previous one, so after L passes every layer holds the unbiased statistics of its

@@ -34,7 +34,7 @@ describe the final weights rather than 1% of them) they give ``final_model.pt`` 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -45,12 +45,9 @@ from ..nn.hbn import HybridBatchNorm, collect_hbn_statistics
 from ..nn.stacked import collect_stacked_hbn_statistics
 from ..nn.state import state_keys
 from ..rng import torch_generator
-from .base import ClientContext, ClientUpdates, StackedClientContext
+from .base import ClientContext, ClientUpdates, ServerView, StackedClientContext
 from .fedavg import FedAvg
 from .registry import register_method
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..engine.simulator import Simulation
 
 __all__ = ["HBN"]
 
@@ -401,7 +398,7 @@ class HBN(FedAvg):
         return lam
 
     # -- evaluation -------------------------------------------------------------------------
-    def synced_state(self, sim: "Simulation", client_ids: list[int]) -> dict[str, torch.Tensor]:
+    def synced_state(self, sim: ServerView, client_ids: list[int]) -> dict[str, torch.Tensor]:
         """The global state with statistics recomputed by ``client_ids`` under the current
         weights and pooled with lambda = 1 (Eq. 8 only)."""
         answers = sim.query_clients(client_ids, "statistics")
@@ -416,13 +413,13 @@ class HBN(FedAvg):
                 state[f"{name}.{key}"] = value.to(state[f"{name}.{key}"].dtype)
         return state
 
-    def evaluation_state(self, sim: "Simulation") -> dict[str, torch.Tensor]:
+    def evaluation_state(self, sim: ServerView) -> dict[str, torch.Tensor]:
         """The round's clients' statistics under the new weights, pooled with lambda = 1 (§4.1)."""
         if not self.eval_resync or not self._last_round_clients:
             return sim.global_state
         return self.synced_state(sim, self._last_round_clients)
 
-    def initial_state(self, sim: "Simulation") -> dict[str, torch.Tensor] | None:
+    def initial_state(self, sim: ServerView) -> dict[str, torch.Tensor] | None:
         """``initial_pass``: a statistics-only exchange before round 1 (the mirror of round T+1),
         whose pool replaces the (0, 1) start, so round 1 already trains with the statistics of the
         initial weights instead of mixing in (0, 1). Counts as the schedule's first pool."""
@@ -432,13 +429,13 @@ class HBN(FedAvg):
         self._initialised = True
         return self.synced_state(sim, sim.sample_clients(0))
 
-    def final_state(self, sim: "Simulation") -> dict[str, torch.Tensor] | None:
+    def final_state(self, sim: ServerView) -> dict[str, torch.Tensor] | None:
         """Algorithm 1's round T+1: statistics only, from a fresh sample of clients, weights unchanged."""
         if not self.final_sync:
             return None
         return self.synced_state(sim, sim.sample_clients(sim.server_round + 1))
 
-    def report(self, sim: "Simulation") -> dict[str, Any]:
+    def report(self, sim: ServerView) -> dict[str, Any]:
         """Learned mixing per layer (the paper never reports it): the batch-statistics weight
         ``sigmoid(-alpha)`` averaged over channels, as mean/min/max over the clients that trained."""
         out: dict[str, Any] = {}

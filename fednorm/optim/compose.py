@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..methods.base import ClientContext, ClientUpdates, Method, StackedClientContext
+from ..methods.base import ClientContext, ClientUpdates, Method, ServerView, StackedClientContext
 from ..methods.registry import get_method
 from .client import ClientOptimizer, NoClientOptimizer, get_client_optimizer
 from .server import NoServerOptimizer, ServerOptimizer, get_server_optimizer
@@ -118,10 +118,10 @@ class OptimizedMethod(Method):
         new.update(self.server_opt.step(global_state, params))  # buffers keep the aggregated value
         return new
 
-    def evaluation_state(self, sim: Any) -> dict[str, torch.Tensor]:
+    def evaluation_state(self, sim: ServerView) -> dict[str, torch.Tensor]:
         return self.inner.evaluation_state(sim)
 
-    def report(self, sim: Any) -> dict[str, Any]:
+    def report(self, sim: ServerView) -> dict[str, Any]:
         return self.inner.report(sim)
 
     def comm_rounds_per_round(self, model: nn.Module) -> int:
@@ -134,10 +134,10 @@ class OptimizedMethod(Method):
     def statistics_keys(self) -> dict[str, list[str]]:
         return self.inner.statistics_keys()
 
-    def initial_state(self, sim: Any) -> dict[str, torch.Tensor] | None:
+    def initial_state(self, sim: ServerView) -> dict[str, torch.Tensor] | None:
         return self.inner.initial_state(sim)
 
-    def final_state(self, sim: Any) -> dict[str, torch.Tensor] | None:
+    def final_state(self, sim: ServerView) -> dict[str, torch.Tensor] | None:
         return self.inner.final_state(sim)
 
     def client_query(self, query: str, ctx: ClientContext) -> dict[str, torch.Tensor]:
