@@ -42,7 +42,10 @@ def test_stacked_forward_backward_equal_each_clients_own_model(name, norm):
         y.pow(2).sum().backward()
         stacked_params = dict(stacked.named_parameters())
         for pname, p in ref.named_parameters():
-            torch.testing.assert_close(stacked_params[pname].grad[i], p.grad, rtol=1e-10, atol=1e-12, msg=lambda m: f"{pname}: {m}")
+            # float64 rounding only: summation orders differ, so the absolute tolerance follows the gradient's scale
+            scale = float(p.grad.abs().max())
+            torch.testing.assert_close(stacked_params[pname].grad[i], p.grad, rtol=1e-10, atol=1e-12 * max(scale, 1.0),
+                                       msg=lambda m: f"{pname}: {m}")
         # BN running statistics are updated per client
         stacked_buffers = dict(stacked.named_buffers())
         for bname, b in ref.named_buffers():
