@@ -371,10 +371,25 @@ def _load_npz_split(paths: Sequence[Path]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_dataset(
-    name: str, root: str | os.PathLike | None = None, *, train: bool = True, download: bool = False
+    name: str, root: str | os.PathLike | None = None, *, train: bool = True, download: bool = False, **options: Any
 ) -> ImageDataset:
-    """Load one split of the dataset registered as ``name`` (see :func:`list_datasets`)."""
-    return DATASETS.get_builder(name)(root=root, train=train, download=download)
+    """Load one split of the dataset registered as ``name`` (see :func:`list_datasets`).
+
+    ``options`` are the dataset's own settings (a config's ``dataset_args``, e.g. ``domains``
+    and ``image_size`` of the ``domains`` dataset); a dataset without such settings refuses any.
+    """
+    builder = DATASETS.get_builder(name)
+    if options:
+        import inspect
+
+        from fednorm.errors import ConfigError
+
+        own = [p for p in inspect.signature(builder.__init__).parameters if p not in ("self", "root", "train", "download")]
+        unknown = sorted(k for k in options if k not in own)
+        if unknown:
+            takes = f"its options: {', '.join(own)}" if own else "it has none"
+            raise ConfigError(f"dataset_args: dataset '{name}' takes no option {', '.join(map(repr, unknown))} ({takes})")
+    return builder(root=root, train=train, download=download, **options)
 
 
 def get_dataset_info(name: str) -> DatasetInfo:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..errors import DatasetError
+from .cache import generated_cache_dir
 from .datasets import (
     CIFAR10,
     MNIST,
@@ -37,6 +38,8 @@ from .datasets import (
     _CifarUnpickler,
     _Found,
     _load_npz,
+    _load_npz_split,
+    _npz_split_files,
     _stratified_split,
     register_dataset,
 )
@@ -82,15 +85,6 @@ class MultiDomainDataset(ImageDataset):
 
 
 # -- generated digits domains ---------------------------------------------------------------
-
-
-def generated_cache_dir() -> Path:
-    """Folder for generated data: ``$FEDNORM_CACHE``, else ``~/.cache/fednorm/generated``.
-
-    Never the data folder itself, which may be a shared, read-only copy.
-    """
-    env = os.environ.get("FEDNORM_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "fednorm" / "generated"
 
 
 def _writable(folder: Path) -> bool:
@@ -222,117 +216,77 @@ def _as_images(x: np.ndarray, where: str) -> np.ndarray:
     return x.astype(np.uint8)
 
 
-@register_dataset("digits5")
-class Digits5(MultiDomainDataset):
-    """The real Digits-5 domains (FedBN's benchmark): MNIST, SVHN, USPS, SynthDigits, MNIST-M.
+DIGITS5_DOMAINS = ["mnist", "svhn", "usps", "synth", "mnistm"]
+DIGITS5_FOLDERS = {"mnist": "MNIST", "svhn": "SVHN", "usps": "USPS", "synth": "SynthDigits", "mnistm": "MNIST_M"}
+DIGITS5_ADVICE = (
+    "Digits-5 is not downloadable automatically: put FedBN's released folders (MNIST, SVHN, USPS, "
+    "SynthDigits, MNIST_M with partitions/train_part*.pkl and test.pkl) or the upstream files "
+    "(train_32x32.mat, synth_train_32x32.mat, mnist_m/..., <domain>_{train,test}.npz) in --data-dir. "
+    "Offline, use 'digits_domains'."
+)
 
-    Each domain is searched in ``root`` (and ``root/digits5``, ``root/Digits``), first in
-    FedBN's released layout — ``<Domain>/partitions/train_part{0..9}.pkl`` and
-    ``<Domain>/test.pkl``, each a pickled ``(images, labels)`` pair, with ``<Domain>`` one of
-    ``MNIST``, ``SVHN``, ``USPS``, ``SynthDigits``, ``MNIST_M`` (only numpy arrays are
-    unpickled) — then in the upstream formats:
 
-    * MNIST and USPS: whatever :class:`MNIST` / :class:`USPS` read (IDX, libsvm, npz);
-    * SVHN: ``train_32x32.mat`` / ``test_32x32.mat`` (label 10 is digit 0);
-    * SynthDigits: ``synth_train_32x32.mat`` / ``synth_test_32x32.mat`` (SVHN's format);
-    * MNIST-M: ``mnist_m/mnist_m_{train,test}/*.png`` + ``mnist_m_{train,test}_labels.txt``;
-    * any domain: ``<domain>_{train,test}.npz`` (``x``, ``y``).
+def digits5_locate(root: Path, domain: str, train: bool) -> tuple[str, tuple[Path, ...]] | None:
+    """Where Digits-5's ``domain`` split is under ``root`` (``root/digits5``, ``root/Digits``):
+    ``(layout, paths)`` or None. Layouts in search order: FedBN's pickles, ``<domain>_{split}.npz``
+    (or its ``_part*`` pieces), SVHN's ``.mat``, MNIST-M's PNGs, then the MNIST/USPS loaders."""
+    split = "train" if train else "test"
+    for base in [b for b in (root, root / "digits5", root / "Digits") if b.is_dir()]:
+        folder = base / DIGITS5_FOLDERS[domain]
+        if train:
+            parts = sorted((folder / "partitions").glob("train_part*.pkl"), key=lambda p: int(p.stem.rsplit("part", 1)[1]))
+            if parts:
+                return "fedbn_pkl", tuple(parts)
+        elif (folder / "test.pkl").is_file():
+            return "fedbn_pkl", (folder / "test.pkl",)
+        npz = _npz_split_files(base, domain, train)
+        if npz:
+            return "npz", npz
+        mat = {"svhn": f"{split}_32x32.mat", "synth": f"synth_{split}_32x32.mat"}.get(domain)
+        for f in (base / mat, base / DIGITS5_FOLDERS[domain] / mat) if mat else ():
+            if f.is_file():
+                return "mat", (f,)
+        if domain == "mnistm":
+            for m in (base / "mnist_m", base / "MNIST_M"):
+                if (m / f"mnist_m_{split}_labels.txt").is_file():
+                    return "mnistm_png", (m / f"mnist_m_{split}", m / f"mnist_m_{split}_labels.txt")
+    if domain in ("mnist", "usps"):
+        try:
+            ds = (MNIST if domain == "mnist" else USPS)(root, train=train)
+        except DatasetError:
+            return None
+        return "loader", ds.source.paths
+    return None
 
-    Images become 28×28×3 (bilinear resize, grey replicated), normalised with 0.5/0.5 as FedBN.
-    [code≠here] With upstream files, the sources' own train/test splits are used; FedBN's
-    preprocessing pools them and re-splits 80/20, so test-set sizes differ from the paper's.
-    Equal training sizes per client come from the ``domains`` partition (``per_client``).
-    """
 
-    info = DatasetInfo(name="digits5", num_classes=10, in_channels=3, image_size=(28, 28), mean=_HALF, std=_HALF)
-    classes = _DIGITS
-    domain_names = ["mnist", "svhn", "usps", "synth", "mnistm"]
-    fedbn_folders: ClassVar[dict[str, str]] = {
-        "mnist": "MNIST", "svhn": "SVHN", "usps": "USPS", "synth": "SynthDigits", "mnistm": "MNIST_M",
-    }  # fmt: skip
+def digits5_read(root: Path, domain: str, train: bool, layout: str, paths: tuple[Path, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """One Digits-5 split as stored: uint8 ``N×H×W×C`` (C = 1 or 3) and int64 labels."""
+    if layout == "fedbn_pkl":
+        pairs = [_read_pickle_arrays(p) for p in paths]
+        x, y = np.concatenate([_as_images(a, str(p)) for (a, _), p in zip(pairs, paths)]), np.concatenate([b for _, b in pairs])
+    elif layout == "npz":
+        x, y = _load_npz_split(paths)
+    elif layout == "mat":
+        x, y = _read_mat(paths[0])
+    elif layout == "mnistm_png":
+        x, y = _read_mnistm_folder(*paths)
+    else:
+        ds = (MNIST if domain == "mnist" else USPS)(root, train=train)
+        x, y = ds.data, ds.targets
+    x = _as_images(np.asarray(x), f"{domain} in {paths[0]}")
+    y = np.asarray(y).reshape(-1).astype(np.int64)
+    if len(x) != len(y):
+        raise DatasetError(f"{domain}: {len(x)} images but {len(y)} labels in {paths[0]}")
+    return x, y
 
-    def _bases(self) -> list[Path]:
-        assert self.root is not None
-        return [b for b in (self.root, self.root / "digits5", self.root / "Digits") if b.is_dir()]
 
-    def _locate_domain(self, domain: str) -> tuple[str, tuple[Path, ...]] | None:
-        split = "train" if self.train else "test"
-        for base in self._bases():
-            folder = base / self.fedbn_folders[domain]
-            if self.train:
-                parts = sorted((folder / "partitions").glob("train_part*.pkl"), key=lambda p: int(p.stem.rsplit("part", 1)[1]))
-                if parts:
-                    return "fedbn_pkl", tuple(parts)
-            elif (folder / "test.pkl").is_file():
-                return "fedbn_pkl", (folder / "test.pkl",)
-            npz = base / f"{domain}_{split}.npz"
-            if npz.is_file():
-                return "npz", (npz,)
-            mat = {"svhn": f"{split}_32x32.mat", "synth": f"synth_{split}_32x32.mat"}.get(domain)
-            for f in (base / mat, base / self.fedbn_folders[domain] / mat) if mat else ():
-                if f.is_file():
-                    return "mat", (f,)
-            if domain == "mnistm":
-                for m in (base / "mnist_m", base / "MNIST_M"):
-                    if (m / f"mnist_m_{split}_labels.txt").is_file():
-                        return "mnistm_png", (m / f"mnist_m_{split}", m / f"mnist_m_{split}_labels.txt")
-        if domain in ("mnist", "usps"):
-            try:
-                cls = MNIST if domain == "mnist" else USPS
-                ds = cls(self.root, train=self.train)
-            except DatasetError:
-                return None
-            return "loader", ds.source.paths
-        return None
+def __getattr__(name: str) -> Any:
+    """``Digits5`` moved to :mod:`fednorm.data.presets` (a preset of the ``domains`` dataset)."""
+    if name == "Digits5":
+        from .presets import Digits5
 
-    def _locate(self) -> tuple[_Found | None, list[str]]:
-        found: list[Path] = []
-        self._layouts: dict[str, tuple[str, tuple[Path, ...]]] = {}
-        missing = []
-        for d in self.domain_names:
-            loc = self._locate_domain(d)
-            if loc is None:
-                missing.append(d)
-            else:
-                self._layouts[d] = loc
-                found += loc[1]
-        if missing:
-            return None, [f"no files for domain(s) {', '.join(missing)}"]
-        return _Found("digits5", tuple(found)), []
-
-    def _load_one(self, domain: str) -> tuple[np.ndarray, np.ndarray]:
-        layout, paths = self._layouts[domain]
-        if layout == "fedbn_pkl":
-            pairs = [_read_pickle_arrays(p) for p in paths]
-            x, y = np.concatenate([_as_images(a, str(p)) for (a, _), p in zip(pairs, paths)]), np.concatenate([b for _, b in pairs])
-        elif layout == "npz":
-            x, y = _load_npz(paths[0])
-        elif layout == "mat":
-            x, y = _read_mat(paths[0])
-        elif layout == "mnistm_png":
-            x, y = _read_mnistm_folder(*paths)
-        else:
-            ds = (MNIST if domain == "mnist" else USPS)(self.root, train=self.train)
-            x, y = ds.data, ds.targets
-        x = _as_images(np.asarray(x), f"{domain} in {paths[0]}")
-        y = np.asarray(y).reshape(-1).astype(np.int64)
-        if len(x) != len(y):
-            raise DatasetError(f"{domain}: {len(x)} images but {len(y)} labels in {paths[0]}")
-        return to_rgb28(x), y
-
-    def _load_domains(self, found: _Found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        xs, ys, ds = [], [], []
-        for i, d in enumerate(self.domain_names):
-            x, y = self._load_one(d)
-            xs.append(x), ys.append(y), ds.append(np.full(len(y), i, dtype=np.int64))
-        return np.concatenate(xs), np.concatenate(ys), np.concatenate(ds)
-
-    def _advice(self) -> str:
-        return (
-            "Digits-5 is not downloadable automatically: put FedBN's released folders (MNIST, SVHN, USPS, "
-            "SynthDigits, MNIST_M with partitions/train_part*.pkl and test.pkl) or the upstream files "
-            "(train_32x32.mat, synth_train_32x32.mat, mnist_m/...) in --data-dir. Offline, use 'digits_domains'."
-        )
+        return Digits5
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- image folders (Office-Caltech10, DomainNet) ----------------------------------------------

@@ -734,6 +734,8 @@ def domains(
         )
     members = [np.flatnonzero(dom == d) for d in selected]
     n_min = min(len(m) for m in members)
+    smallest = selected[int(np.argmin([len(m) for m in members]))]
+    small_name = f"'{domain_names[smallest]}'" if domain_names is not None else f"{smallest}"
     if per_client is not None and fraction is not None:
         raise PartitionError("give per_client or fraction, not both")
     if fraction is not None:
@@ -746,7 +748,7 @@ def domains(
     if per_client == 0 or per_client * cpd > n_min:
         raise PartitionError(
             f"per_client={per_client} with clients_per_domain={cpd} needs {per_client * cpd} samples per source, "
-            f"but the smallest source has {n_min}; lower per_client (at most {n_min // cpd})"
+            f"but the smallest source has {n_min} (source {small_name}); lower per_client (at most {n_min // cpd})"
         )
     parts = []
     for m in members:
