@@ -21,9 +21,9 @@ from .datasets import (
     load_dataset,
     register_dataset,
 )
-from .domains import DigitsDomains, DomainNet, ImageFolder, MultiDomainDataset, OfficeCaltech10
+from .domains import DigitsDomains, MultiDomainDataset
 from .domains_dataset import DomainsDataset
-from .presets import Digits5
+from .presets import Digits5, DomainNet, ImageFolder, OfficeCaltech10
 from .download import check_integrity, download_url, extract_archive
 from .federated import FederatedData, build_federated_data
 from .partition import (

@@ -11,10 +11,9 @@ Registered datasets:
 
 * ``digits_domains`` — generated offline from MNIST, USPS and CIFAR-10
   (:mod:`fednorm.data.digits_domains`), cached as an ``.npz``.
-* ``digits5`` — the real Digits-5 (MNIST, SVHN, USPS, SynthDigits, MNIST-M) in FedBN's released
-  pickles or in the sources' upstream formats.
-* ``office_caltech10``, ``domainnet``, ``image_folder`` — image folders
-  ``root/<domain>/<class>/*.{jpg,png}``.
+* ``digits5``, ``office_caltech10``, ``domainnet``, ``image_folder`` — presets of the
+  ``domains`` dataset (:mod:`fednorm.data.presets`, :mod:`fednorm.data.domains_dataset`); this
+  module keeps Digits-5's file readers (:func:`digits5_locate`, :func:`digits5_read`).
 """
 
 from __future__ import annotations
@@ -281,11 +280,12 @@ def digits5_read(root: Path, domain: str, train: bool, layout: str, paths: tuple
 
 
 def __getattr__(name: str) -> Any:
-    """``Digits5`` moved to :mod:`fednorm.data.presets` (a preset of the ``domains`` dataset)."""
-    if name == "Digits5":
-        from .presets import Digits5
+    """``Digits5`` and the image-folder datasets moved to :mod:`fednorm.data.presets` (presets of
+    the ``domains`` dataset); their old import path still works."""
+    if name in ("Digits5", "ImageFolderDomains", "ImageFolder", "OfficeCaltech10", "DomainNet"):
+        from . import presets
 
-        return Digits5
+        return getattr(presets, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -303,143 +303,3 @@ def _ci_child(folder: Path, name: str) -> Path | None:
         if p.is_dir() and p.name.lower() == name.lower():
             return p
     return None
-
-
-class ImageFolderDomains(MultiDomainDataset):
-    """Images in ``root[/base_folder]/<domain>/<class>/*`` (Office-Caltech10 and DomainNet layout).
-
-    Every image is converted to RGB and resized to ``image_size`` (bilinear) once, at load.
-    Splits: ``<domain>/{train,test}/<class>/*`` when those folders exist; else DomainNet's
-    ``<domain>_{train,test}.txt`` lists (``domain/class/file label`` per line) when present;
-    else a deterministic stratified 80/20 split of each domain (seed 0, like ``digits``).
-    ``domain_names``/``classes`` are fixed by subclasses; the generic ``image_folder`` takes
-    every domain folder and the union of class folders, sorted.
-    """
-
-    base_folders: ClassVar[tuple[str, ...]] = ()
-    image_size: ClassVar[int] = 64
-    fixed_domains: ClassVar[list[str] | None] = None
-    fixed_classes: ClassVar[list[str] | None] = None
-    info = DatasetInfo(name="image_folder", num_classes=1, in_channels=3, image_size=(64, 64), mean=_HALF, std=_HALF)
-
-    def _base(self) -> Path | None:
-        assert self.root is not None
-        for b in (*(self.root / f for f in self.base_folders), self.root):
-            if b.is_dir() and (self.fixed_domains is None or all(_ci_child(b, d) for d in self.fixed_domains)):
-                return b
-        return None
-
-    def _locate(self) -> tuple[_Found | None, list[str]]:
-        base = self._base()
-        if base is None:
-            want = ", ".join(self.fixed_domains or ["<domain>"])
-            return None, [f"no folder with domain subfolders {want}"]
-        domains = self.fixed_domains or sorted(p.name for p in base.iterdir() if p.is_dir())
-        folders = [_ci_child(base, d) for d in domains]
-        classes = self.fixed_classes
-        if classes is None:
-            names: set[str] = set()
-            for f in folders:
-                assert f is not None
-                root = f / "train" if (f / "train").is_dir() else f
-                names |= {p.name for p in root.iterdir() if p.is_dir()}
-            classes = sorted(names)
-        if not classes or not domains:
-            return None, [f"{base} holds no <domain>/<class>/ image folders"]
-        self.domain_names = list(domains)
-        self.classes = list(classes)
-        self._folders = folders
-        self._base_path = base
-        self.info = DatasetInfo(
-            name=type(self).info.name, num_classes=len(classes), in_channels=3,
-            image_size=(self.image_size, self.image_size), mean=_HALF, std=_HALF,
-        )  # fmt: skip
-        return _Found("image_folder", (base,)), []
-
-    def _domain_files(self, d: int, folder: Path) -> list[tuple[Path, int]]:
-        split = "train" if self.train else "test"
-        cls_index = {c.lower(): i for i, c in enumerate(self.classes)}
-
-        def scan(root: Path) -> list[tuple[Path, int]]:
-            out = []
-            for cdir in sorted(p for p in root.iterdir() if p.is_dir()):
-                c = cls_index.get(cdir.name.lower())
-                if c is not None:
-                    out += [(f, c) for f in sorted(cdir.iterdir()) if f.suffix.lower() in _IMAGE_SUFFIXES]
-            return out
-
-        if (folder / split).is_dir():
-            return scan(folder / split)
-        listing = self._base_path / f"{self.domain_names[d]}_{split}.txt"
-        if listing.is_file():
-            out = []
-            for line in listing.read_text().splitlines():
-                if line.strip():
-                    rel = line.split()[0]
-                    c = cls_index.get(Path(rel).parent.name.lower())
-                    if c is not None:
-                        out.append((self._base_path / rel, c))
-            return out
-        files = scan(folder)
-        labels = np.array([c for _, c in files], dtype=np.int64)
-        if len(labels) == 0:
-            return []
-        tr, te = _stratified_split(labels, 0.2, 0)
-        return [files[i] for i in (tr if self.train else te)]
-
-    def _load_domains(self, found: _Found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        from PIL import Image
-
-        xs, ys, ds = [], [], []
-        size = (self.image_size, self.image_size)
-        for d, folder in enumerate(self._folders):
-            assert folder is not None
-            for path, c in self._domain_files(d, folder):
-                try:
-                    with Image.open(path) as im:
-                        xs.append(np.asarray(im.convert("RGB").resize(size, Image.BILINEAR)))
-                except (OSError, ValueError) as exc:
-                    raise DatasetError(f"Could not read image {path}: {exc}") from exc
-                ys.append(c)
-                ds.append(d)
-        if not xs:
-            return np.empty((0, *size, 3), np.uint8), np.empty(0, np.int64), np.empty(0, np.int64)
-        return np.stack(xs), np.asarray(ys, np.int64), np.asarray(ds, np.int64)
-
-    def _advice(self) -> str:
-        folders = " or ".join(str(self.root / f) for f in (*self.base_folders, "")) if self.root else "--data-dir"
-        return f"Put the images as <domain>/<class>/*.jpg under {folders}."
-
-
-@register_dataset("image_folder")
-class ImageFolder(ImageFolderDomains):
-    """Any ``root/<domain>/<class>/*`` tree, 64×64 (see :class:`ImageFolderDomains`)."""
-
-    info = DatasetInfo(name="image_folder", num_classes=1, in_channels=3, image_size=(64, 64), mean=_HALF, std=_HALF)
-
-
-@register_dataset("office_caltech10")
-class OfficeCaltech10(ImageFolderDomains):
-    """Office-Caltech10 (FedBN §5): amazon, caltech, dslr, webcam; the 10 shared classes; 256×256
-    as FedBN's AlexNet input; no mean/std normalisation in FedBN's code (here 0.5/0.5)."""
-
-    base_folders = ("office_caltech_10", "office_caltech10", "OfficeCaltech10")
-    image_size = 256
-    fixed_domains = ["amazon", "caltech", "dslr", "webcam"]
-    fixed_classes = ["back_pack", "bike", "calculator", "headphones", "keyboard",
-                     "laptop_computer", "monitor", "mouse", "mug", "projector"]  # fmt: skip
-    classes = fixed_classes
-    info = DatasetInfo(name="office_caltech10", num_classes=10, in_channels=3, image_size=(256, 256), mean=_HALF, std=_HALF)
-
-
-@register_dataset("domainnet")
-class DomainNet(ImageFolderDomains):
-    """DomainNet with FedBN's top-10 classes (spec/004_fedbn.md §2.3); 256×256. Uses DomainNet's
-    ``<domain>_{train,test}.txt`` lists when they are in the folder."""
-
-    base_folders = ("domainnet", "DomainNet")
-    image_size = 256
-    fixed_domains = ["clipart", "infograph", "painting", "quickdraw", "real", "sketch"]
-    fixed_classes = ["bird", "feather", "headphones", "ice_cream", "teapot", "tiger", "whale", "windmill", "wine_glass", "zebra"]
-    classes = fixed_classes
-    info = DatasetInfo(name="domainnet", num_classes=10, in_channels=3, image_size=(256, 256), mean=_HALF, std=_HALF)

@@ -248,3 +248,18 @@ def test_other_datasets_refuse_dataset_args():
         load_dataset("digits", image_size=12)
     with pytest.raises(ConfigError, match="needs dataset_args.domains"):
         load_dataset("domains")
+
+
+def test_office_caltech10_runs_with_two_of_its_domains_at_a_chosen_size(tmp_path):
+    base = tmp_path / "office_caltech_10"
+    write_folder(base / "amazon", classes=("bike", "mug", "not_a_class"), per_class=5)
+    write_folder(base / "dslr", classes=("bike", "mug"), per_class=5, shift=30)
+    with pytest.warns(UserWarning, match="caltech, webcam"):
+        data = build_federated_data("office_caltech10", num_clients=2, partition_name="domains", seed=0, data_dir=str(tmp_path),
+                                    dataset_args={"image_size": 16})
+    assert data.domain_names == ["amazon", "dslr"] and data.train_x.shape[1:] == (3, 16, 16)
+    assert data.info.num_classes == 10 and set(data.train_y.tolist()) == {1, 8}  # bike, mug; the extra folder is skipped
+    only = load_dataset("office_caltech10", tmp_path, domains=["dslr"], image_size=8, channels=1)
+    assert only.domain_names == ["dslr"] and only.data.shape[1:] == (8, 8, 1)
+    with pytest.raises(DatasetError, match="no folder for domain 'webcam'"):
+        load_dataset("office_caltech10", tmp_path, domains=["webcam"])

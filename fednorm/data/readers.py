@@ -32,6 +32,7 @@ __all__ = [
     "npz_part_files",
     "read_npz_domain",
     "read_image_folder_domain",
+    "decode_images",
     "stratified_split",
 ]
 
@@ -255,6 +256,24 @@ def _decode(path: Path, mode: str, size: tuple[int, int] | None) -> np.ndarray:
     return arr[..., None] if arr.ndim == 2 else arr
 
 
+def decode_images(files: Sequence[Path], where: Path | str, *, mode: str | None, size: tuple[int, int] | None) -> np.ndarray:
+    """``files`` decoded to one uint8 ``N×H×W×C`` array: ``mode`` "L" or "RGB" (default: RGB if
+    the images have colour), resized to ``size`` (default: their own, which must then agree)."""
+    mode = mode or _image_mode(files)
+    images = [_decode(f, mode, size) for f in files]
+    shapes = {im.shape for im in images}
+    if len(shapes) > 1:
+        first = {im.shape: f for im, f in zip(images, files)}
+        listed = "; ".join(f"{f.name}: {s[0]}×{s[1]}" for s, f in list(first.items())[:3])
+        raise DatasetError(
+            f"The images in {where} have different sizes ({listed}); set dataset_args.image_size "
+            f"(e.g. {{image_size: 32}}) to resize them on load."
+        )
+    if not images:
+        return np.empty((0, *(size or (1, 1)), 1 if mode == "L" else 3), np.uint8)
+    return np.stack(images)
+
+
 def _image_mode(files: Sequence[Path]) -> str:
     """"RGB" if any of the first images has colour, else "L" (grey)."""
     from PIL import Image
@@ -289,16 +308,8 @@ def read_image_folder_domain(
     mode = {1: "L", 3: "RGB"}.get(channels or 0) or _image_mode(all_files)
     decoded: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for split, files in splits.items():
-        images = [_decode(f, mode, size) for f, _ in files]
-        shapes = {im.shape for im in images}
-        if len(shapes) > 1:
-            first = {im.shape: f for im, (f, _) in zip(images, files)}
-            listed = "; ".join(f"{f.name}: {s[0]}×{s[1]}" for s, f in list(first.items())[:3])
-            raise DatasetError(
-                f"The images in {root} have different sizes ({listed}); set dataset_args.image_size "
-                f"(e.g. {{image_size: 32}}) to resize them on load."
-            )
-        decoded[split] = (np.stack(images), np.array([index[c] for _, c in files], dtype=np.int64))
+        images = decode_images([f for f, _ in files], root, mode=mode, size=size)
+        decoded[split] = (images, np.array([index[c] for _, c in files], dtype=np.int64))
     if "all" in decoded:
         x, y = decoded["all"]
         tr, te = stratified_split(y, test_fraction, split_seed)
