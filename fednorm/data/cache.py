@@ -35,12 +35,15 @@ def generated_cache_dir() -> Path:
 
 
 def fingerprint(paths: Iterable[Path], options: dict[str, Any]) -> str:
-    """Hash of the files under ``paths`` (path, size, mtime of each) and of ``options``."""
+    """Hash of the files and folders under ``paths`` (path, size, mtime of each) and of ``options``."""
     entries = []
     for root in paths:
         root = Path(root).resolve()
-        files = [root] if root.is_file() else sorted(f for f in root.rglob("*") if f.is_file())
+        files = [root] if root.is_file() else sorted(root.rglob("*"))
         for f in files:
+            if f.is_dir():  # an added (even empty) folder changes what the reader finds
+                entries.append((str(f), "dir", 0))
+                continue
             st = f.stat()
             entries.append((str(f), st.st_size, st.st_mtime_ns))
     blob = json.dumps({"v": CACHE_VERSION, "files": entries, "options": options}, sort_keys=True, default=str)

@@ -105,9 +105,10 @@ def resolve_domain_spec(spec: str, root: Path | None) -> tuple[str, Any]:
     if name in DATASETS and name.lower() != "domains":
         return "dataset", (name, domain or None)
     looked = ", ".join(str(c) for c in candidates)
+    stem = raw.name[:-4] if raw.name.endswith(".npz") else raw.name
     raise DatasetError(
-        f"Domain '{spec}' was not found: no file or folder {looked} (nor {raw.name}_part0.npz / "
-        f"{raw.name}_train.npz there), and it is not a registered dataset. Fix the path, or give {_FORMATS}."
+        f"Domain '{spec}' was not found: no file or folder {looked} (nor {stem}_part0.npz / "
+        f"{stem}_train.npz there), and it is not a registered dataset. Fix the path, or give {_FORMATS}."
     )
 
 

@@ -86,6 +86,10 @@ def test_decoded_folders_are_cached_and_a_changed_file_misses_the_cache(tmp_path
     monkeypatch.setattr(cache, "_MEMO", {})
     changed = load_dataset("domains", tmp_path, domains=["a"], image_size=8)
     assert calls == [1] and not np.array_equal(changed.data, again.data)
+    (tmp_path / "a" / "empty").mkdir()  # a new, empty class folder is seen, not hidden by the cache
+    monkeypatch.setattr(cache, "_MEMO", {})
+    with pytest.raises(DatasetError, match="holds no images"):
+        load_dataset("domains", tmp_path, domains=["a"], image_size=8)
 
 
 def test_npz_pieces_and_stored_splits(tmp_path):
