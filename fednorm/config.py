@@ -240,6 +240,9 @@ class ExperimentConfig(BaseModel):
         value = value.strip()
         if not value:
             raise ValueError("must not be empty")
+        head, sep, rest = value.partition(":")
+        if sep and head.lower() in ("hf", "flwr"):  # a path or a class name follows: kept as written
+            return f"{head.lower()}:{rest}"
         return value.lower().replace("-", "_")
 
     @field_validator("device")

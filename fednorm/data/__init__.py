@@ -24,6 +24,7 @@ from .datasets import (
 from .domains import DigitsDomains, MultiDomainDataset
 from .domains_dataset import DomainsDataset
 from .presets import Digits5, DomainNet, ImageFolder, OfficeCaltech10
+from .hf import HFImageDataset  # registers --dataset hf:<path> (datasets is imported only when used)
 from .download import check_integrity, download_url, extract_archive
 from .federated import FederatedData, build_federated_data
 from .partition import (

@@ -336,11 +336,17 @@ def _npz_num_samples(path: Path) -> int:
     return int(shape[0]) if shape else 0
 
 
+def _natural(path: Path) -> list[object]:
+    import re
+
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
+
+
 def _npz_split_files(folder: Path, prefix: str, train: bool) -> tuple[Path, ...]:
     """Files of the npz layout for one split.
 
     ``{prefix}_train.npz`` if present, else every ``{prefix}_train*.npz`` concatenated in
-    sorted name order (a split stored in parts). For the test split, ``{prefix}_test.npz``
+    natural name order (``part2`` before ``part10``; a split stored in parts). For the test split, ``{prefix}_test.npz``
     if present, else the largest ``{prefix}_test*.npz``: several test files are alternative
     versions (e.g. a complete lossy copy and a lossless subset), not parts.
     """
@@ -348,7 +354,7 @@ def _npz_split_files(folder: Path, prefix: str, train: bool) -> tuple[Path, ...]
     exact = folder / f"{prefix}_{split}.npz"
     if exact.is_file():
         return (exact,)
-    matches = sorted(p for p in folder.glob(f"{prefix}_{split}*.npz") if p.is_file())
+    matches = sorted((p for p in folder.glob(f"{prefix}_{split}*.npz") if p.is_file()), key=_natural)  # part2 before part10
     if train or len(matches) <= 1:
         return tuple(matches)
     return (max(matches, key=lambda p: (_npz_num_samples(p), p.name)),)

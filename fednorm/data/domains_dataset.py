@@ -101,6 +101,8 @@ def resolve_domain_spec(spec: str, root: Path | None) -> tuple[str, Any]:
                     f"Domain '{spec}': found {prefix}_{have}*.npz in {cand.parent} but no {prefix}_{lack}*.npz; "
                     f"add it, or store both splits in one file ({prefix}.npz with x_train, y_train, x_test, y_test)."
                 )
+    if ":" in spec and spec in DATASETS:  # a prefixed dataset, e.g. hf:<path>
+        return "dataset", (spec, None)
     name, _, domain = spec.partition(":")
     if name in DATASETS and name.lower() != "domains":
         return "dataset", (name, domain or None)

@@ -170,12 +170,12 @@ def test_digits5_runs_with_any_subset_of_its_domains(tmp_path):
 
 
 def test_digits5_domain_in_pieces(tmp_path):
-    x, y = arrays(n=30, size=32, classes=10, grey=False)
-    np.savez(tmp_path / "svhn_train_part0.npz", x=x[:20], y=y[:20])
-    np.savez(tmp_path / "svhn_train_part1.npz", x=x[20:], y=y[20:])
+    x, y = arrays(n=33, size=32, classes=10, grey=False)
+    for k in range(11):  # part0 ... part10, concatenated in numeric order (part10 last)
+        np.savez(tmp_path / f"svhn_train_part{k}.npz", x=x[3 * k : 3 * k + 3], y=y[3 * k : 3 * k + 3])
     np.savez(tmp_path / "svhn_test.npz", x=x[:5], y=y[:5])
     ds = load_dataset("digits5", tmp_path, domains=["svhn"])
-    assert len(ds) == 30 and np.array_equal(ds.targets, y)
+    assert len(ds) == 33 and np.array_equal(ds.targets, y)
 
 
 # -- every data problem: one DatasetError naming the file and the fix ------------------------

@@ -199,9 +199,11 @@ def federated_data_from_config(config: object) -> FederatedData:
         augment=getattr(c, "augment", None),
         input_norm=getattr(c, "input_norm", "dataset"),
         dataset_args=getattr(c, "dataset_args", None),
-        alpha=c.alpha,  # type: ignore[attr-defined]
-        classes_per_client=c.classes_per_client,  # type: ignore[attr-defined]
-        gamma=c.gamma,  # type: ignore[attr-defined]
-        min_size=c.min_size,  # type: ignore[attr-defined]
-        **c.partition_args,  # type: ignore[attr-defined]
+        **{  # partition_args may repeat a field for a partitioner that is not fednorm's (flwr:...)
+            "alpha": c.alpha,  # type: ignore[attr-defined]
+            "classes_per_client": c.classes_per_client,  # type: ignore[attr-defined]
+            "gamma": c.gamma,  # type: ignore[attr-defined]
+            "min_size": c.min_size,  # type: ignore[attr-defined]
+            **c.partition_args,  # type: ignore[attr-defined]
+        },
     )

@@ -155,7 +155,7 @@ def partition(name: str, labels: Any, num_clients: int, *, seed: int, **params: 
     accepted, var_kw = _keyword_params(fn)
     given = {k: v for k, v in params.items() if v is not None}
 
-    known: set[str] = set()
+    known: set[str] = set(given) if var_kw else set()  # a partitioner taking any option (flwr:...)
     for other in PARTITIONS.list():
         other_params, other_var_kw = _keyword_params(PARTITIONS.get_builder(other))
         if other_var_kw:
@@ -923,3 +923,12 @@ def describe(hist: Any, *, max_clients: int | None = 50, max_classes: int | None
     rows.append(row("total", hist.sum(axis=0)))
     widths = [max(len(r[j]) for r in rows) for j in range(len(header))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _flwr(rest: str) -> Partitioner:
+    from .flwr_partition import flwr_partitioner  # needs the hf extra only when used
+
+    return flwr_partitioner(rest)
+
+
+PARTITIONS.add_prefix("flwr", _flwr)  # --partition flwr:DirichletPartitioner (fednorm/data/flwr_partition.py)
