@@ -591,8 +591,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         "methods": list_methods(),
         "norms": list_norms(),
         "models": list_models(),
-        "datasets": list_datasets(),
-        "partitions": list_partitions(),
+        "datasets": [*list_datasets(), "hf:<path> (hf extra)"],  # docs/data.md
+        "partitions": [*list_partitions(), "flwr:<Partitioner> (hf extra)"],
         "client_opts": list_client_optimizers(),
         "server_opts": list_server_optimizers(),
         "aggregators": AGGREGATORS.list(),
