@@ -267,3 +267,21 @@ def test_office_caltech10_runs_with_two_of_its_domains_at_a_chosen_size(tmp_path
     assert only.domain_names == ["dslr"] and only.data.shape[1:] == (8, 8, 1)
     with pytest.raises(DatasetError, match="no folder for domain 'webcam'"):
         load_dataset("office_caltech10", tmp_path, domains=["webcam"])
+
+
+def test_a_source_that_is_not_in_the_benchmark_points_to_the_domains_dataset(tmp_path):
+    _digits5_npz(tmp_path, ("mnist", "usps"))
+    with pytest.raises(PartitionError, match=r"Unknown value 'mine' in sources.*'domains' dataset.*digits5:mnist"):
+        build_federated_data("digits5", num_clients=3, partition_name="domains", seed=0, data_dir=str(tmp_path),
+                             sources=["mnist", "usps", "mine"])
+
+
+def test_one_domain_under_a_label_partition_keeps_label_matched_test_splits(tmp_path):
+    x, y = arrays(n=300, classes=3)
+    np.savez(tmp_path / "only.npz", x=x, y=y)
+    data = build_federated_data("domains", num_clients=3, partition_name="classes", seed=0, data_dir=str(tmp_path),
+                                dataset_args={"domains": ["only.npz"]}, classes_per_client=1)
+    assert data.client_domain is None
+    for c in range(3):  # each client holds one class and is tested on that class only
+        assert len(set(data.train_y[data.client_train[c]].tolist())) == 1
+        assert set(data.test_y[data.client_test[c]].tolist()) == set(data.train_y[data.client_train[c]].tolist())

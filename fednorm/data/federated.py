@@ -119,11 +119,17 @@ def build_federated_data(
     except PartitionError as exc:
         where = getattr(train, "domain_where", {})
         small = next((n for n in where if f"'{n}'" in str(exc)), None) if "smallest source" in str(exc) else None
-        if small is None:
-            raise
-        raise PartitionError(f"{exc}; or add samples to domain '{small}' ({where[small]})") from None
+        if small is not None:
+            raise PartitionError(f"{exc}; or add samples to domain '{small}' ({where[small]})") from None
+        if "in sources" in str(exc) and dataset != "domains":  # a domain of one's own beside a benchmark's
+            raise PartitionError(f"{exc}. To add a domain of your own, list the domains in the 'domains' dataset, e.g. "
+                                 f"dataset_args: {{domains: {{mnist: '{dataset}:mnist', mine: path/to/mine}}}} (docs/data.md)") from None
+        raise
     hist = label_histogram(train.targets, parts, info.num_classes)
-    owners = client_domains(domains, parts) if domains is not None else None
+    # one source per client (feature shift): tested on its own source; a single-source dataset
+    # under a label partition keeps label-matched test splits
+    shifted = domains is not None and (partition_name == "domains" or len(np.unique(domains)) > 1)
+    owners = client_domains(domains, parts) if shifted else None
     if owners is not None:
         test_parts = split_by_domain(test.domains, owners, seed=seed)
     else:
