@@ -23,6 +23,7 @@ __all__ = ["generated_cache_dir", "fingerprint", "cached_arrays", "CACHE_VERSION
 CACHE_VERSION = 1
 _MEMO: dict[str, dict[str, np.ndarray]] = {}
 _MEMO_MAX = 8
+_MEMO_BYTES = 512 * 2**20  # entries memoised in the process only up to this size
 
 
 def generated_cache_dir() -> Path:
@@ -75,7 +76,8 @@ def cached_arrays(name: str, key: str, build: Callable[[], dict[str, np.ndarray]
                 os.replace(tmp, path)
             except OSError:
                 pass
-    if len(_MEMO) >= _MEMO_MAX:
-        _MEMO.pop(next(iter(_MEMO)))
-    _MEMO[key] = arrays
+    if sum(a.nbytes for a in arrays.values()) <= _MEMO_BYTES:  # large data is read from disk again instead
+        if len(_MEMO) >= _MEMO_MAX:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[key] = arrays
     return arrays
