@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
 from ..errors import DatasetError
 from .cache import generated_cache_dir
@@ -36,13 +35,11 @@ from .datasets import (
     ImageDataset,
     _CifarUnpickler,
     _Found,
-    _load_npz,
     _load_npz_split,
     _npz_split_files,
-    _stratified_split,
     register_dataset,
 )
-from .digits_domains import DOMAIN_NAMES, cache_key, find_fonts, generate_digits_domains, to_rgb28
+from .digits_domains import DOMAIN_NAMES, cache_key, find_fonts, generate_digits_domains
 
 __all__ = ["MultiDomainDataset", "generated_cache_dir", "DigitsDomains", "Digits5", "ImageFolderDomains", "OfficeCaltech10", "DomainNet"]
 
