@@ -120,3 +120,22 @@ def test_bad_data_is_one_line_and_exit_2(case, tmp_path, capsys, monkeypatch):
     assert len(lines) == 1 and lines[0].startswith("fednorm run: error: ") and needle in lines[0], err
     assert "Traceback" not in err
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_digits5_with_a_subset_of_its_domains_runs_from_the_cli(tmp_path, capsys):
+    """The issue's first wall: only MNIST and USPS present, sources [mnist, usps]."""
+    rng = np.random.default_rng(0)
+    for name, size in (("mnist", 28), ("usps", 16)):
+        for split, n in (("train", 40), ("test", 20)):
+            np.savez(tmp_path / f"{name}_{split}.npz", x=rng.integers(0, 255, (n, size, size), dtype=np.uint8), y=np.arange(n) % 10)
+    code = main(["run", "--dataset", "digits5", "--data-dir", str(tmp_path), "--partition", "domains",
+                 "--partition-args", "{sources: [mnist, usps]}", "--num-clients", "2", "--rounds", "1", "--model", "simple_cnn",
+                 "--method", "fedbn", "--threads", "1", "--quiet", "--out", str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "input 3×28×28, 10 classes" in out and "per domain: mnist " in out and ", usps " in out
+    code = main(["run", "--dataset", "digits5", "--data-dir", str(tmp_path), "--partition", "domains",
+                 "--partition-args", "{sources: [mnist, usps, svhn]}", "--num-clients", "3", "--rounds", "1",
+                 "--out", str(tmp_path / "run2")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "no files for domain 'svhn'" in err and "train_32x32.mat" in err
