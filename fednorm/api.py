@@ -293,7 +293,10 @@ class CompareResult:
     """Variants that did not start because the comparison was stopped."""
 
     def rows(self) -> list[dict[str, Any]]:
+        from .domain_results import domain_columns, domain_names_of
+
         rows = []
+        domains = domain_names_of([r.summary for r in self.results.values()])
         for label, r in self.results.items():
             s = r.summary
             rows.append(
@@ -308,6 +311,7 @@ class CompareResult:
                     "rounds": s["rounds"],
                     "wall_s": s["wall_seconds"],
                     "uplink_MB": s["uplink_bytes"] / 1e6,
+                    **domain_columns(s, domains),  # feature shift: one column per domain
                 }
             )
         return rows
@@ -316,14 +320,18 @@ class CompareResult:
         def pct(v: Any) -> str:
             return "n/a" if v is None else f"{100 * v:.2f}"
 
+        rows = self.rows()
+        dom = [k for k in (rows[0] if rows else {}) if k.startswith("acc[")]  # per-domain columns
         lines = [
-            "| variant | evaluated | final acc (%) | best acc (%) | last-10 acc (%) | mean client acc (%) | rounds | wall (s) | uplink (MB) |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| variant | evaluated | final acc (%) | best acc (%) | last-10 acc (%) | mean client acc (%) | rounds | wall (s) | uplink (MB) |"
+            + "".join(f" {k[4:-1]} (%) |" for k in dom),
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(dom),
         ]
-        for r in self.rows():
+        for r in rows:
             lines.append(
                 f"| {r['variant']} | {r['evaluation']} | {pct(r['final_acc'])} | {pct(r['best_acc'])} | {pct(r['last10_acc'])} | "
                 f"{pct(r['mean_client_acc'])} | {r['rounds']} | {r['wall_s']:.1f} | {r['uplink_MB']:.2f} |"
+                + "".join(f" {pct(r[k])} |" for k in dom)
             )
         if self.stop_signal is not None:
             import signal
@@ -430,7 +438,7 @@ def compare(
     interrupted: str | None = None
     stop_signal: int | None = None
     data = None
-    data_keys = ("dataset", "data_dir", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args", "num_clients", "seed", "augment", "dtype", "device")
+    data_keys = ("dataset", "dataset_args", "data_dir", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args", "num_clients", "seed", "augment", "dtype", "device")
     with _StopRequest() as stop:  # a signal between two variants stops too
         for label, cfg in planned:
             if stop.signal is not None:

@@ -35,6 +35,10 @@ class ExperimentConfig(BaseModel):
     dataset: str = Field("digits", description="dataset name (`fednorm list datasets`)")
     data_dir: str | None = Field(None, description="folder holding the dataset files (default: $FEDNORM_DATA or ~/.cache/fednorm)")
     download: bool = Field(False, description="download the dataset when it is missing (needs a network)")
+    dataset_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="options of the dataset, e.g. {domains: {a: path/a, b: b.npz}, image_size: 28, channels: 3} for 'domains' (docs/data.md)",
+    )
     partition: str = Field("dirichlet", description="how training data is split over clients (`fednorm list partitions`)")
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (dirichlet, quantity); smaller is more skewed")
     classes_per_client: int = Field(2, ge=1, description="classes per client (classes partition)")
@@ -236,6 +240,9 @@ class ExperimentConfig(BaseModel):
         value = value.strip()
         if not value:
             raise ValueError("must not be empty")
+        head, sep, rest = value.partition(":")
+        if sep and head.lower() in ("hf", "flwr"):  # a path or a class name follows: kept as written
+            return f"{head.lower()}:{rest}"
         return value.lower().replace("-", "_")
 
     @field_validator("device")

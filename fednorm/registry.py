@@ -38,6 +38,18 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
+        self._prefixes: dict[str, Callable[[str], T]] = {}
+
+    def add_prefix(self, prefix: str, resolver: Callable[[str], T]) -> None:
+        """Resolve names ``prefix:rest`` to ``resolver(rest)``, ``rest`` verbatim (a path or a class
+        name: ``hf:data/my_set``, ``flwr:DirichletPartitioner``). The resolver raises ValueError
+        for a ``rest`` it cannot serve."""
+        self._prefixes[normalize_name(prefix)] = resolver
+
+    def _prefixed(self, name: str) -> tuple[Callable[[str], T], str] | None:
+        head, sep, rest = name.partition(":")
+        resolver = self._prefixes.get(normalize_name(head)) if sep else None
+        return (resolver, rest) if resolver is not None else None
 
     def register(self, name: str | None = None, *, force: bool = False) -> Callable[[T], T]:
         """Decorator registering a builder under ``name`` (default: its ``__name__``)."""
@@ -66,13 +78,17 @@ class Registry(Generic[T]):
         return names
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and normalize_name(name) in self._entries
+        return isinstance(name, str) and (normalize_name(name) in self._entries or self._prefixed(name) is not None)
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def get_builder(self, name: str) -> T:
         """The registered builder for ``name``; raises UnknownNameError with a suggestion."""
+        prefixed = self._prefixed(name) if isinstance(name, str) else None
+        if prefixed is not None:
+            resolver, rest = prefixed
+            return resolver(rest)
         key = normalize_name(name)
         try:
             return self._entries[key]

@@ -343,7 +343,7 @@ def test_cli_errors_are_clear(tiny_configs: Path, tmp_path: Path, capsys) -> Non
     code = main(["reproduce", "hbn", "--table", "table1", "--scale", "reduced", "--rows", "bn", "--columns", "phi0.6",
                  "--data-dir", str(empty), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
-    assert code == 1 and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err  # missing data is bad input (issue 19)
     assert str(empty) in err and "cifar10" in err and "--data-dir" in err
     # without --table a paper's table whose data is missing is skipped with the same message; when
     # nothing could run, the exit status says so

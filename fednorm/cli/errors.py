@@ -17,8 +17,8 @@ from typing import Any, NoReturn, Sequence
 
 __all__ = ["ArgumentParser", "suggest_options", "one_line_warnings", "EXIT_BAD_INPUT", "EXIT_FAILED", "exit_code_for_signal"]
 
-EXIT_BAD_INPUT = 2  # the command line, a config or a path is wrong: nothing ran
-EXIT_FAILED = 1  # the run started and failed (divergence, lost clients, missing data, checkpoint)
+EXIT_BAD_INPUT = 2  # the command line, a config, a path or the data is wrong: nothing ran
+EXIT_FAILED = 1  # the run started and failed (divergence, lost clients, checkpoint)
 
 
 def exit_code_for_signal(signum: int | None) -> int:

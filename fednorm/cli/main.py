@@ -7,7 +7,7 @@ Bad input prints one clear message and exits with status 2, never a traceback (f
 a run never writes over an earlier one without ``--overwrite`` (fednorm/cli/rundir.py); off a
 terminal a run prints one progress line per evaluation (fednorm/cli/progress.py); without
 ``--threads`` a run uses the cores that are free (fednorm/cli/threads.py). Exit status: 0 done,
-1 the run failed, 2 bad input, 130/143 stopped by SIGINT/SIGTERM (after writing a checkpoint).
+1 the run failed, 2 bad input (options, config, data), 130/143 stopped by SIGINT/SIGTERM (after writing a checkpoint).
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_options(
         p_part,
         skip=[n for n in ExperimentConfig.model_fields if n not in (
-            "dataset", "data_dir", "download", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args", "num_clients", "seed")],
+            "dataset", "dataset_args", "data_dir", "download", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args", "num_clients", "seed")],
     )
 
     # --- fednorm analyze (LN/FN paper's analyses; fednorm/analysis) ---------------------------
@@ -313,6 +313,10 @@ def run_command(args: argparse.Namespace, *, simulation: Any = None, quiet: bool
 
     plain = simulation is None  # this process is the whole run (not a rank of `fednorm launch`)
     simulation = simulation or Simulation
+    if plain and not quiet:
+        from ..models.summary import announcing
+
+        simulation = announcing(simulation)  # "model ...: N parameters" once the model is built
     progress = False if (args.quiet or quiet) else None
     on_round = None
     if plain and progress is None:
@@ -346,6 +350,10 @@ def run_command(args: argparse.Namespace, *, simulation: Any = None, quiet: bool
         f"(round {s['best_round']}), mean client accuracy {100 * (s['final_mean_client_accuracy'] or float('nan')):.2f}%, "
         f"{s['rounds']} rounds in {s['wall_seconds']:.1f}s{threads}" + (f" on {s['runtime']}" if s.get("runtime") else "")
     )
+    if s.get("final_domain_accuracies"):  # feature shift: FedBN's per-domain figures
+        from ..domain_results import format_domain_accuracies
+
+        print(format_domain_accuracies(s["final_domain_accuracies"]))
     if s.get("executor_note"):
         print(f"executor: {s['executor_note']}")
     print(f"run directory: {result.out_dir}")
@@ -583,8 +591,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         "methods": list_methods(),
         "norms": list_norms(),
         "models": list_models(),
-        "datasets": list_datasets(),
-        "partitions": list_partitions(),
+        "datasets": [*list_datasets(), "hf:<path> (hf extra)"],  # docs/data.md
+        "partitions": [*list_partitions(), "flwr:<Partitioner> (hf extra)"],
         "client_opts": list_client_optimizers(),
         "server_opts": list_server_optimizers(),
         "aggregators": AGGREGATORS.list(),
@@ -669,11 +677,12 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     except FednormError as exc:
         print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (DatasetError, DivergenceError, RoundFailedError, CheckpointError) as exc:
-        text = str(exc)
-        if isinstance(exc, DatasetError):  # the loaders speak to library callers; name the option here
-            text = text.replace("You can use download=True to download it", "Pass --download true to download it")
+    except DatasetError as exc:  # bad or missing data is bad input too: nothing ran (issue 19)
+        text = " ".join(str(exc).replace("You can use download=True to download it", "Pass --download true to download it").split())
         print(f"fednorm {args.command}: error: {text}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (DivergenceError, RoundFailedError, CheckpointError) as exc:
+        print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:  # a disk that filled up or a folder that vanished while running
         print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)

@@ -21,7 +21,10 @@ from .datasets import (
     load_dataset,
     register_dataset,
 )
-from .domains import Digits5, DigitsDomains, DomainNet, ImageFolder, MultiDomainDataset, OfficeCaltech10
+from .domains import DigitsDomains, MultiDomainDataset
+from .domains_dataset import DomainsDataset
+from .presets import Digits5, DomainNet, ImageFolder, OfficeCaltech10
+from .hf import HFImageDataset  # registers --dataset hf:<path> (datasets is imported only when used)
 from .download import check_integrity, download_url, extract_archive
 from .federated import FederatedData, build_federated_data
 from .partition import (
@@ -43,6 +46,7 @@ __all__ = [
     "Digits",
     "Digits5",
     "DigitsDomains",
+    "DomainsDataset",
     "DomainNet",
     "ImageFolder",
     "MultiDomainDataset",

@@ -10,16 +10,21 @@ dataset's upstream format, loaders accept an ``.npz`` layout (``x`` uint8 ``N×H
 ``y`` int64), the format of the project's shared benchmark data. Every file is validated
 after loading, and a missing, truncated or corrupt file raises
 :class:`~fednorm.errors.DatasetError` naming the file.
+
+Layout: this module holds the registry, the base class and the shared file helpers; each source
+family has its own module (:mod:`~fednorm.data.mnist` for IDX/MNIST-like data,
+:mod:`~fednorm.data.usps`, :mod:`~fednorm.data.cifar`, :mod:`~fednorm.data.sklearn_digits`,
+:mod:`~fednorm.data.domains` and :mod:`~fednorm.data.presets` for digit domains and image folders,
+:mod:`~fednorm.data.readers` for your own files, :mod:`~fednorm.data.hf` for Hugging Face), all
+re-exported here so ``from fednorm.data.datasets import MNIST`` keeps working.
 """
 
 from __future__ import annotations
 
 import bz2
-import functools
 import gzip
 import math
 import os
-import pickle
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +36,7 @@ import torch
 from fednorm.errors import DatasetError
 from fednorm.registry import Registry
 
-from .download import check_integrity, download_url, extract_archive
+from .download import download_url
 from .transforms import normalize
 
 __all__ = [
@@ -259,50 +264,6 @@ def _read_maybe_compressed(path: Path) -> bytes:
         raise DatasetError(f"Could not read {path}: {exc}. The file is truncated or corrupt.") from exc
 
 
-_IDX_DTYPES = {
-    0x08: np.dtype(np.uint8),
-    0x09: np.dtype(np.int8),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
-
-
-def read_idx(path: str | os.PathLike, ndim: int | None = None) -> np.ndarray:
-    """Parse an IDX file (LeCun's MNIST format), gzipped or not.
-
-    The header is two zero bytes, a type code (0x08 = uint8), the number of dimensions
-    and one big-endian uint32 per dimension; the payload must have exactly the announced
-    size, so truncation is caught here.
-
-    Args:
-        path: the file.
-        ndim: expected number of dimensions (3 for images, 1 for labels), or ``None``.
-
-    Raises:
-        DatasetError: for a bad magic number, an unexpected rank or a size mismatch.
-    """
-    path = Path(path)
-    raw = _read_maybe_compressed(path)
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
-        raise DatasetError(f"{path} is not an IDX file (bad magic number {raw[:4].hex() or 'none'})")
-    dtype, rank = _IDX_DTYPES[raw[2]], raw[3]
-    if ndim is not None and rank != ndim:
-        raise DatasetError(f"{path} holds a {rank}-D IDX array, expected {ndim}-D")
-    header = 4 + 4 * rank
-    if len(raw) < header:
-        raise DatasetError(f"{path} is truncated: its IDX header needs {header} bytes, got {len(raw)}")
-    shape = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=rank, offset=4))
-    expected = math.prod(shape) * dtype.itemsize
-    if len(raw) - header != expected:
-        state = "truncated" if len(raw) - header < expected else "longer than its header says"
-        raise DatasetError(
-            f"{path} is {state}: shape {shape} needs {expected} bytes of data, got {len(raw) - header}"
-        )
-    return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
-
-
 def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """``(x, y)`` from an ``.npz`` file, adding a channel axis to ``N×H×W`` images."""
     try:
@@ -336,11 +297,17 @@ def _npz_num_samples(path: Path) -> int:
     return int(shape[0]) if shape else 0
 
 
+def _natural(path: Path) -> list[object]:
+    import re
+
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
+
+
 def _npz_split_files(folder: Path, prefix: str, train: bool) -> tuple[Path, ...]:
     """Files of the npz layout for one split.
 
     ``{prefix}_train.npz`` if present, else every ``{prefix}_train*.npz`` concatenated in
-    sorted name order (a split stored in parts). For the test split, ``{prefix}_test.npz``
+    natural name order (``part2`` before ``part10``; a split stored in parts). For the test split, ``{prefix}_test.npz``
     if present, else the largest ``{prefix}_test*.npz``: several test files are alternative
     versions (e.g. a complete lossy copy and a lossless subset), not parts.
     """
@@ -348,7 +315,7 @@ def _npz_split_files(folder: Path, prefix: str, train: bool) -> tuple[Path, ...]
     exact = folder / f"{prefix}_{split}.npz"
     if exact.is_file():
         return (exact,)
-    matches = sorted(p for p in folder.glob(f"{prefix}_{split}*.npz") if p.is_file())
+    matches = sorted((p for p in folder.glob(f"{prefix}_{split}*.npz") if p.is_file()), key=_natural)  # part2 before part10
     if train or len(matches) <= 1:
         return tuple(matches)
     return (max(matches, key=lambda p: (_npz_num_samples(p), p.name)),)
@@ -371,10 +338,25 @@ def _load_npz_split(paths: Sequence[Path]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_dataset(
-    name: str, root: str | os.PathLike | None = None, *, train: bool = True, download: bool = False
+    name: str, root: str | os.PathLike | None = None, *, train: bool = True, download: bool = False, **options: Any
 ) -> ImageDataset:
-    """Load one split of the dataset registered as ``name`` (see :func:`list_datasets`)."""
-    return DATASETS.get_builder(name)(root=root, train=train, download=download)
+    """Load one split of the dataset registered as ``name`` (see :func:`list_datasets`).
+
+    ``options`` are the dataset's own settings (a config's ``dataset_args``, e.g. ``domains``
+    and ``image_size`` of the ``domains`` dataset); a dataset without such settings refuses any.
+    """
+    builder = DATASETS.get_builder(name)
+    if options:
+        import inspect
+
+        from fednorm.errors import ConfigError
+
+        own = [p for p in inspect.signature(builder.__init__).parameters if p not in ("self", "root", "train", "download")]
+        unknown = sorted(k for k in options if k not in own)
+        if unknown:
+            takes = f"its options: {', '.join(own)}" if own else "it has none"
+            raise ConfigError(f"dataset_args: dataset '{name}' takes no option {', '.join(map(repr, unknown))} ({takes})")
+    return builder(root=root, train=train, download=download, **options)
 
 
 def get_dataset_info(name: str) -> DatasetInfo:
@@ -421,433 +403,10 @@ def _stratified_split(targets: np.ndarray, test_fraction: float, seed: int) -> t
     return np.flatnonzero(~test_mask), np.flatnonzero(test_mask)
 
 
-@functools.lru_cache(maxsize=1)
-def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """All 1797 digits as uint8 ``N×8×8×1`` and int64 labels (cached).
+# -- the datasets, one module per source family (imported here so that the registry holds them and
+# the old import paths keep working) ---------------------------------------------------------------
 
-    Reads scikit-learn's bundled ``digits.csv.gz`` (64 pixels then the label per row) without
-    importing scikit-learn, which takes seconds: every process of a Flower or torch.distributed
-    run builds the data. Falls back to ``sklearn.datasets.load_digits`` if the file moved.
-    """
-    import importlib.util
-
-    spec = importlib.util.find_spec("sklearn")
-    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz" if spec else None
-    if path is not None and path.is_file():
-        table = np.loadtxt(path, delimiter=",")
-        pixels, target = table[:, :-1].reshape(-1, 8, 8), table[:, -1]
-    else:  # pragma: no cover - another scikit-learn layout
-        from sklearn.datasets import load_digits
-
-        bunch = load_digits()
-        pixels, target = bunch.images, bunch.target
-    images = np.floor(pixels * (255.0 / 16.0) + 0.5).astype(np.uint8)[..., None]
-    images.flags.writeable = False  # shared by every Digits instance; splits index copies
-    return images, target.astype(np.int64)
-
-
-@register_dataset("digits")
-class Digits(ImageDataset):
-    """scikit-learn's bundled handwritten digits (UCI optdigits test set): 1797 images, 8×8.
-
-    Needs no files and no network, which makes it the embedded default dataset for
-    examples and tests. Pixel values 0..16 map to uint8 by ``round(v * 255 / 16)``.
-    There is no upstream split, so this class makes a deterministic stratified 80/20
-    split: for each class, in label order, ``np.random.default_rng(0)`` permutes its
-    indices and the first ``floor(0.2 * n_c + 0.5)`` become test samples (1438 train /
-    359 test). ``root`` and ``download`` are ignored.
-    """
-
-    test_fraction: ClassVar[float] = 0.2
-    split_seed: ClassVar[int] = 0
-    # Computed from the train split defined above (digits_test.py recomputes them).
-    info = DatasetInfo(
-        name="digits",
-        num_classes=10,
-        in_channels=1,
-        image_size=(8, 8),
-        mean=(0.3055,),
-        std=(0.3759,),
-    )
-    classes = _DIGIT_NAMES
-
-    def _resolve_root(self, root: str | os.PathLike | None) -> Path | None:
-        return None
-
-    def _locate(self) -> tuple[_Found | None, list[str]]:
-        return _Found("builtin", ()), []
-
-    def _load(self, found: _Found) -> tuple[np.ndarray, np.ndarray]:
-        images, targets = _digits_arrays()
-        train_idx, test_idx = _stratified_split(targets, self.test_fraction, self.split_seed)
-        idx = train_idx if self.train else test_idx
-        return images[idx], targets[idx]
-
-
-@register_dataset("mnist")
-class MNIST(ImageDataset):
-    """MNIST handwritten digits (LeCun et al., 1998): 60000 train / 10000 test, 28×28.
-
-    Searched, in order: the IDX files (``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
-    ``t10k-…``, each optionally ``.gz``) in ``root``, ``root/MNIST/raw`` (torchvision's
-    layout) and ``root/mnist``; then the npz layout ``root/mnist_train.npz`` /
-    ``root/mnist_test.npz``. A ``.gz`` file named as in ``resources`` must match the
-    upstream md5. ``download()`` fetches the four ``.gz`` files into ``root/MNIST/raw``.
-    """
-
-    resources = [
-        ("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),
-        ("train-labels-idx1-ubyte.gz", "d53e105ee54ea40749a09fcbcd1e9432"),
-        ("t10k-images-idx3-ubyte.gz", "9fb629c4189551a2d022fa330f9573f3"),
-        ("t10k-labels-idx1-ubyte.gz", "ec29112dd5afa0611ce80d1b7f02629c"),
-    ]
-    mirrors = [
-        "https://ossci-datasets.s3.amazonaws.com/mnist/",
-        "http://yann.lecun.com/exdb/mnist/",
-    ]
-    classes = ["0 - zero", "1 - one", "2 - two", "3 - three", "4 - four",
-               "5 - five", "6 - six", "7 - seven", "8 - eight", "9 - nine"]  # fmt: skip
-    info = DatasetInfo(
-        name="mnist", num_classes=10, in_channels=1, image_size=(28, 28), mean=(0.1307,), std=(0.3081,)
-    )
-    folder: ClassVar[str] = "MNIST"  # torchvision keeps the files in root/MNIST/raw
-    alt_folders: ClassVar[tuple[str, ...]] = ("mnist",)
-    # Package-managed copies: checksums are skipped (distributions may recompress files).
-    system_folders: ClassVar[tuple[Path, ...]] = ()
-    npz_prefix: ClassVar[str] = "mnist"
-
-    @property
-    def download_folder(self) -> Path:
-        assert self.root is not None
-        return self.root / self.folder / "raw"
-
-    def _stems(self) -> tuple[str, str]:
-        split = "train" if self.train else "t10k"
-        return f"{split}-images-idx3-ubyte", f"{split}-labels-idx1-ubyte"
-
-    def _search_folders(self) -> list[tuple[Path, bool]]:
-        """``(folder, verify_md5)`` pairs in search order."""
-        assert self.root is not None
-        user = [self.root, self.download_folder, *(self.root / f for f in self.alt_folders)]
-        return [(f, True) for f in user] + [(f, False) for f in self.system_folders]
-
-    @staticmethod
-    def _find_file(folder: Path, stem: str, lenient: bool) -> Path | None:
-        for candidate in (folder / stem, folder / f"{stem}.gz"):
-            if candidate.is_file():
-                return candidate
-        if lenient:  # e.g. train-images.idx3-ubyte: take whatever the package installed
-            prefix = "-".join(stem.split("-")[:2])
-            matches = sorted(p for p in folder.glob(f"{prefix}*") if p.is_file())
-            if matches:
-                return matches[0]
-        return None
-
-    def _locate(self) -> tuple[_Found | None, list[str]]:
-        known_md5 = dict(self.resources)
-        problems: list[str] = []
-        for folder, verify in self._search_folders():
-            files = [self._find_file(folder, stem, lenient=not verify) for stem in self._stems()]
-            if any(f is None for f in files):
-                continue
-            bad = [
-                f for f in files
-                if verify and known_md5.get(f.name) and not check_integrity(f, known_md5[f.name])
-            ]  # fmt: skip
-            if bad:
-                problems += [f"{f} failed its md5 check" for f in bad]
-                continue
-            return _Found("idx", tuple(files)), problems
-        npz = _npz_split_files(self.root, self.npz_prefix, self.train)
-        if npz:
-            return _Found("npz", npz), problems
-        return None, problems
-
-    def _load(self, found: _Found) -> tuple[np.ndarray, np.ndarray]:
-        if found.layout == "npz":
-            return _load_npz_split(found.paths)
-        images_path, labels_path = found.paths
-        images = read_idx(images_path, ndim=3)
-        labels = read_idx(labels_path, ndim=1)
-        if images.dtype != np.uint8 or labels.dtype != np.uint8:
-            raise DatasetError(f"{images_path} and {labels_path} must hold uint8 IDX data (type code 0x08)")
-        if len(images) != len(labels):
-            raise DatasetError(f"{images_path} holds {len(images)} images but {labels_path} {len(labels)} labels")
-        return images[..., None], labels.astype(np.int64)
-
-    def _advice(self) -> str:
-        stems = ", ".join(f"{s}[.gz]" for s in self._stems())
-        folders = ", ".join(str(f) for f, _ in self._search_folders())
-        return (
-            f"You can use download=True to download it, or put {stems} in one of: {folders}; "
-            f"or put {self.npz_prefix}_{'train' if self.train else 'test'}.npz in {self.root}."
-        )
-
-
-@register_dataset("fashion_mnist")
-class FashionMNIST(MNIST):
-    """Fashion-MNIST (Xiao et al., 2017): Zalando product images in MNIST's format.
-
-    Same layouts as :class:`MNIST` (``root/FashionMNIST/raw``, ``root/fashion_mnist``,
-    ``root/fashion_mnist_*.npz``), plus Debian's ``dataset-fashion-mnist`` package in
-    ``/usr/share/datasets/fashion-mnist``, whose recompressed ``.gz`` files differ from
-    upstream's md5 and are therefore only structurally validated.
-    """
-
-    resources = [
-        ("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
-        ("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe"),
-        ("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79"),
-        ("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310"),
-    ]
-    mirrors = [
-        "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
-        "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
-    ]
-    classes = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-               "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]  # fmt: skip
-    info = DatasetInfo(
-        name="fashion_mnist", num_classes=10, in_channels=1, image_size=(28, 28), mean=(0.2860,), std=(0.3530,)
-    )
-    folder = "FashionMNIST"
-    alt_folders = ("fashion_mnist", "fashion-mnist")
-    system_folders = (Path("/usr/share/datasets/fashion-mnist"),)
-    npz_prefix = "fashion_mnist"
-
-
-@register_dataset("usps")
-class USPS(ImageDataset):
-    """USPS handwritten digits (Hull, 1994): 7291 train / 2007 test, 16×16.
-
-    Reads torchvision's layout: ``usps.bz2`` / ``usps.t.bz2`` from the LIBSVM site (in
-    ``root`` or ``root/usps``), one ``label index:value …`` line per image with labels
-    1..10 (stored as 0..9) and values in [-1, 1], converted as torchvision does:
-    ``uint8(float32((v + 1) / 2 * 255))``, truncating. Otherwise the npz layout
-    ``root/usps_train.npz`` / ``root/usps_test.npz``.
-    """
-
-    resources = [("usps.bz2", "ec16c51db3855ca6c91edd34d0e9b197"), ("usps.t.bz2", "8ea070ee2aca1ac39742fdd1ef5ed118")]
-    mirrors = ["https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/multiclass/"]
-    classes = _DIGIT_NAMES
-    # Computed from the 7291 training images under the conversion above.
-    info = DatasetInfo(
-        name="usps", num_classes=10, in_channels=1, image_size=(16, 16), mean=(0.2539,), std=(0.3842,)
-    )
-    npz_prefix: ClassVar[str] = "usps"
-    train_file: ClassVar[str] = "usps.bz2"
-    test_file: ClassVar[str] = "usps.t.bz2"
-
-    def _locate(self) -> tuple[_Found | None, list[str]]:
-        assert self.root is not None
-        filename = self.train_file if self.train else self.test_file
-        md5 = dict(self.resources).get(filename)
-        problems: list[str] = []
-        for folder in (self.root, self.root / "usps"):
-            path = folder / filename
-            if path.is_file():
-                if check_integrity(path, md5):
-                    return _Found("libsvm", (path,)), problems
-                problems.append(f"{path} failed its md5 check")
-        npz = _npz_split_files(self.root, self.npz_prefix, self.train)
-        if npz:
-            return _Found("npz", npz), problems
-        return None, problems
-
-    def _load(self, found: _Found) -> tuple[np.ndarray, np.ndarray]:
-        if found.layout == "npz":
-            return _load_npz_split(found.paths)
-        path = found.paths[0]
-        values, targets = _parse_libsvm(path, num_features=16 * 16)
-        if values.size and (values.min() < -1 or values.max() > 1):
-            raise DatasetError(f"{path} holds pixel values outside [-1, 1]: [{values.min()}, {values.max()}]")
-        images = ((values.astype(np.float32) + 1) / 2 * 255).astype(np.uint8)
-        return images.reshape(-1, 16, 16, 1), targets - 1
-
-    def _advice(self) -> str:
-        filename = self.train_file if self.train else self.test_file
-        split = "train" if self.train else "test"
-        return (
-            f"You can use download=True to download it, or put {filename} in {self.root} "
-            f"or {self.root / 'usps'}; or put usps_{split}.npz in {self.root}."
-        )
-
-
-def _parse_libsvm(path: Path, num_features: int) -> tuple[np.ndarray, np.ndarray]:
-    """Dense float64 features and int64 labels from a LIBSVM text file (bz2/gz allowed).
-
-    Features absent from a line are 0, as LIBSVM's sparse format defines. Lines are split
-    in Python, but the numbers are converted and scattered in bulk by numpy.
-    """
-    text = _read_maybe_compressed(path)
-    try:
-        lines = [ln.split() for ln in text.decode("ascii").splitlines() if ln.strip()]
-        labels = np.array([float(ln[0]) for ln in lines], dtype=np.float64)
-        counts = np.array([len(ln) - 1 for ln in lines], dtype=np.int64)
-        pairs = " ".join(" ".join(ln[1:]) for ln in lines).replace(":", " ").split()
-        flat = np.array(pairs, dtype=np.float64).reshape(-1, 2)
-    except (UnicodeDecodeError, ValueError, IndexError) as exc:
-        raise DatasetError(f"{path} is not a valid LIBSVM file: {exc}") from exc
-    if len(flat) != counts.sum() or not np.all(labels == np.round(labels)):
-        raise DatasetError(f"{path} is not a valid LIBSVM file: malformed 'index:value' pairs or labels")
-    index = flat[:, 0].astype(np.int64) - 1  # LIBSVM indices are 1-based
-    if index.size and (index.min() < 0 or index.max() >= num_features):
-        raise DatasetError(f"{path} has feature indices outside [1, {num_features}]")
-    dense = np.zeros((len(lines), num_features), dtype=np.float64)
-    dense[np.repeat(np.arange(len(lines)), counts), index] = flat[:, 1]
-    return dense, labels.astype(np.int64)
-
-
-class _CifarUnpickler(pickle.Unpickler):
-    """Unpickler for the CIFAR batches that only builds numpy arrays and builtins.
-
-    The batches are pickled dicts; refusing every other global means a tampered file
-    cannot run code even if it somehow passed its checksum.
-    """
-
-    _ALLOWED = {
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy.core.multiarray", "scalar"),
-        ("numpy._core.multiarray", "scalar"),
-        ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store bytes
-    }
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in self._ALLOWED:
-            raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed in a CIFAR batch")
-        if module.startswith("numpy.core."):  # numpy >= 2 moved numpy.core to numpy._core
-            try:
-                return super().find_class(module.replace("numpy.core.", "numpy._core.", 1), name)
-            except (ImportError, AttributeError):
-                pass
-        return super().find_class(module, name)
-
-
-def _load_cifar_batch(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
-    """Images ``N×32×32×3`` and labels from one CIFAR python batch file."""
-    try:
-        with open(path, "rb") as f:
-            entry = _CifarUnpickler(f, encoding="latin1").load()
-    except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError) as exc:
-        raise DatasetError(f"Could not read {path}: {exc}. The file is truncated or corrupt.") from exc
-    if not isinstance(entry, dict):
-        raise DatasetError(f"{path} is not a CIFAR batch: expected a pickled dict, got {type(entry).__name__}")
-    entry = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in entry.items()}
-    if "data" not in entry or label_key not in entry:
-        raise DatasetError(f"{path} is not a CIFAR batch: expected keys 'data' and '{label_key}', got {sorted(entry)}")
-    data = np.asarray(entry["data"])
-    labels = np.asarray(entry[label_key])
-    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-        raise DatasetError(f"{path}: 'data' must be uint8 N×3072, got {data.dtype} {data.shape}")
-    return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels
-
-
-@register_dataset("cifar10")
-class CIFAR10(ImageDataset):
-    """CIFAR-10 (Krizhevsky, 2009): 50000 train / 10000 test colour images, 32×32, 10 classes.
-
-    Reads the official python layout ``root/cifar-10-batches-py/{data_batch_1..5,
-    test_batch}`` (each file md5-checked), otherwise the npz layout in ``root``:
-    ``cifar10_train.npz`` or the parts ``cifar10_train*.npz`` concatenated in sorted name
-    order; ``cifar10_test.npz`` or else the largest ``cifar10_test*.npz``. ``download()``
-    fetches and unpacks the official tar.gz.
-
-    ``std`` is the true per-channel standard deviation of the training pixels,
-    (0.2470, 0.2435, 0.2616). Much FL code, including HBN's, uses (0.2023, 0.1994,
-    0.2010), a widely copied figure that is not the dataset's std; pass it explicitly
-    to reproduce such code exactly.
-    """
-
-    base_folder: ClassVar[str] = "cifar-10-batches-py"
-    resources = [("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a")]
-    mirrors = ["https://www.cs.toronto.edu/~kriz/"]
-    train_list: ClassVar[list[tuple[str, str | None]]] = [
-        ("data_batch_1", "c99cafc152244af753f735de768cd75f"),
-        ("data_batch_2", "d4bba439e000b95fd0a9bffe97cbabec"),
-        ("data_batch_3", "54ebc095f3ab1f0389bbae665268c751"),
-        ("data_batch_4", "634d18415352ddfa80567beed471001a"),
-        ("data_batch_5", "482c414d41f54cd18b22e5b47cb7c3cb"),
-    ]
-    test_list: ClassVar[list[tuple[str, str | None]]] = [("test_batch", "40351d587109b95175f43aff81a1287e")]
-    label_key: ClassVar[str] = "labels"
-    npz_prefix: ClassVar[str] = "cifar10"
-    classes = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    info = DatasetInfo(
-        name="cifar10",
-        num_classes=10,
-        in_channels=3,
-        image_size=(32, 32),
-        mean=(0.4914, 0.4822, 0.4465),
-        std=(0.2470, 0.2435, 0.2616),
-        augment=True,
-    )
-
-    def _locate(self) -> tuple[_Found | None, list[str]]:
-        assert self.root is not None
-        folder = self.root / self.base_folder
-        entries = self.train_list if self.train else self.test_list
-        paths = [folder / name for name, _ in entries]
-        problems: list[str] = []
-        if all(p.is_file() for p in paths):
-            bad = [p for p, (_, md5) in zip(paths, entries) if not check_integrity(p, md5)]
-            if not bad:
-                return _Found("pickle", tuple(paths)), problems
-            problems += [f"{p} failed its md5 check" for p in bad]
-        npz = _npz_split_files(self.root, self.npz_prefix, self.train)
-        if npz:
-            return _Found("npz", npz), problems
-        return None, problems
-
-    def _load(self, found: _Found) -> tuple[np.ndarray, np.ndarray]:
-        if found.layout == "npz":
-            return _load_npz_split(found.paths)
-        batches = [_load_cifar_batch(p, self.label_key) for p in found.paths]
-        return np.concatenate([x for x, _ in batches]), np.concatenate([y for _, y in batches])
-
-    def _after_download(self) -> None:
-        extract_archive(self.download_folder / self.resources[0][0], self.download_folder)
-
-    def _advice(self) -> str:
-        split = "train" if self.train else "test"
-        names = ", ".join(n for n, _ in (self.train_list if self.train else self.test_list))
-        return (
-            f"You can use download=True to download it, or unpack {self.resources[0][0]} so that "
-            f"{self.root / self.base_folder} holds {names}; or put {self.npz_prefix}_{split}*.npz in {self.root}."
-        )
-
-
-@register_dataset("cifar100")
-class CIFAR100(CIFAR10):
-    """CIFAR-100 (Krizhevsky, 2009) with its 100 fine labels; same layouts as :class:`CIFAR10`."""
-
-    base_folder = "cifar-100-python"
-    resources = [("cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85")]
-    train_list = [("train", "16019d7e3df5f24257cddd939b257f8d")]
-    test_list = [("test", "f0ef6b0ae62326f3e7ffdfab6717acfc")]
-    label_key = "fine_labels"
-    npz_prefix = "cifar100"
-    classes = [
-        "apple", "aquarium_fish", "baby", "bear", "beaver", "bed", "bee", "beetle", "bicycle", "bottle",
-        "bowl", "boy", "bridge", "bus", "butterfly", "camel", "can", "castle", "caterpillar", "cattle",
-        "chair", "chimpanzee", "clock", "cloud", "cockroach", "couch", "crab", "crocodile", "cup", "dinosaur",
-        "dolphin", "elephant", "flatfish", "forest", "fox", "girl", "hamster", "house", "kangaroo", "keyboard",
-        "lamp", "lawn_mower", "leopard", "lion", "lizard", "lobster", "man", "maple_tree", "motorcycle", "mountain",
-        "mouse", "mushroom", "oak_tree", "orange", "orchid", "otter", "palm_tree", "pear", "pickup_truck", "pine_tree",
-        "plain", "plate", "poppy", "porcupine", "possum", "rabbit", "raccoon", "ray", "road", "rocket",
-        "rose", "sea", "seal", "shark", "shrew", "skunk", "skyscraper", "snail", "snake", "spider",
-        "squirrel", "streetcar", "sunflower", "sweet_pepper", "table",
-        "tank", "telephone", "television", "tiger", "tractor",
-        "train", "trout", "tulip", "turtle", "wardrobe", "whale", "willow_tree", "wolf", "woman", "worm",
-    ]  # fmt: skip
-    # The usual CIFAR-100 training-set figures (true population std, as for CIFAR10).
-    info = DatasetInfo(
-        name="cifar100",
-        num_classes=100,
-        in_channels=3,
-        image_size=(32, 32),
-        mean=(0.5071, 0.4865, 0.4409),
-        std=(0.2673, 0.2564, 0.2762),
-        augment=True,
-    )
+from .cifar import CIFAR10, CIFAR100, _CifarUnpickler, _load_cifar_batch  # noqa: E402
+from .mnist import MNIST, FashionMNIST, read_idx  # noqa: E402
+from .sklearn_digits import Digits, _digits_arrays  # noqa: E402
+from .usps import USPS, _parse_libsvm  # noqa: E402

@@ -11,10 +11,9 @@ Registered datasets:
 
 * ``digits_domains`` — generated offline from MNIST, USPS and CIFAR-10
   (:mod:`fednorm.data.digits_domains`), cached as an ``.npz``.
-* ``digits5`` — the real Digits-5 (MNIST, SVHN, USPS, SynthDigits, MNIST-M) in FedBN's released
-  pickles or in the sources' upstream formats.
-* ``office_caltech10``, ``domainnet``, ``image_folder`` — image folders
-  ``root/<domain>/<class>/*.{jpg,png}``.
+* ``digits5``, ``office_caltech10``, ``domainnet``, ``image_folder`` — presets of the
+  ``domains`` dataset (:mod:`fednorm.data.presets`, :mod:`fednorm.data.domains_dataset`); this
+  module keeps Digits-5's file readers (:func:`digits5_locate`, :func:`digits5_read`).
 """
 
 from __future__ import annotations
@@ -25,9 +24,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
 from ..errors import DatasetError
+from .cache import generated_cache_dir
 from .datasets import (
     CIFAR10,
     MNIST,
@@ -36,11 +35,11 @@ from .datasets import (
     ImageDataset,
     _CifarUnpickler,
     _Found,
-    _load_npz,
-    _stratified_split,
+    _load_npz_split,
+    _npz_split_files,
     register_dataset,
 )
-from .digits_domains import DOMAIN_NAMES, cache_key, find_fonts, generate_digits_domains, to_rgb28
+from .digits_domains import DOMAIN_NAMES, cache_key, find_fonts, generate_digits_domains
 
 __all__ = ["MultiDomainDataset", "generated_cache_dir", "DigitsDomains", "Digits5", "ImageFolderDomains", "OfficeCaltech10", "DomainNet"]
 
@@ -82,15 +81,6 @@ class MultiDomainDataset(ImageDataset):
 
 
 # -- generated digits domains ---------------------------------------------------------------
-
-
-def generated_cache_dir() -> Path:
-    """Folder for generated data: ``$FEDNORM_CACHE``, else ``~/.cache/fednorm/generated``.
-
-    Never the data folder itself, which may be a shared, read-only copy.
-    """
-    env = os.environ.get("FEDNORM_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "fednorm" / "generated"
 
 
 def _writable(folder: Path) -> bool:
@@ -222,117 +212,78 @@ def _as_images(x: np.ndarray, where: str) -> np.ndarray:
     return x.astype(np.uint8)
 
 
-@register_dataset("digits5")
-class Digits5(MultiDomainDataset):
-    """The real Digits-5 domains (FedBN's benchmark): MNIST, SVHN, USPS, SynthDigits, MNIST-M.
+DIGITS5_DOMAINS = ["mnist", "svhn", "usps", "synth", "mnistm"]
+DIGITS5_FOLDERS = {"mnist": "MNIST", "svhn": "SVHN", "usps": "USPS", "synth": "SynthDigits", "mnistm": "MNIST_M"}
+DIGITS5_ADVICE = (
+    "Digits-5 is not downloadable automatically: put FedBN's released folders (MNIST, SVHN, USPS, "
+    "SynthDigits, MNIST_M with partitions/train_part*.pkl and test.pkl) or the upstream files "
+    "(train_32x32.mat, synth_train_32x32.mat, mnist_m/..., <domain>_{train,test}.npz) in --data-dir. "
+    "Offline, use 'digits_domains'."
+)
 
-    Each domain is searched in ``root`` (and ``root/digits5``, ``root/Digits``), first in
-    FedBN's released layout — ``<Domain>/partitions/train_part{0..9}.pkl`` and
-    ``<Domain>/test.pkl``, each a pickled ``(images, labels)`` pair, with ``<Domain>`` one of
-    ``MNIST``, ``SVHN``, ``USPS``, ``SynthDigits``, ``MNIST_M`` (only numpy arrays are
-    unpickled) — then in the upstream formats:
 
-    * MNIST and USPS: whatever :class:`MNIST` / :class:`USPS` read (IDX, libsvm, npz);
-    * SVHN: ``train_32x32.mat`` / ``test_32x32.mat`` (label 10 is digit 0);
-    * SynthDigits: ``synth_train_32x32.mat`` / ``synth_test_32x32.mat`` (SVHN's format);
-    * MNIST-M: ``mnist_m/mnist_m_{train,test}/*.png`` + ``mnist_m_{train,test}_labels.txt``;
-    * any domain: ``<domain>_{train,test}.npz`` (``x``, ``y``).
+def digits5_locate(root: Path, domain: str, train: bool) -> tuple[str, tuple[Path, ...]] | None:
+    """Where Digits-5's ``domain`` split is under ``root`` (``root/digits5``, ``root/Digits``):
+    ``(layout, paths)`` or None. Layouts in search order: FedBN's pickles, ``<domain>_{split}.npz``
+    (or its ``_part*`` pieces), SVHN's ``.mat``, MNIST-M's PNGs, then the MNIST/USPS loaders."""
+    split = "train" if train else "test"
+    for base in [b for b in (root, root / "digits5", root / "Digits") if b.is_dir()]:
+        folder = base / DIGITS5_FOLDERS[domain]
+        if train:
+            parts = sorted((folder / "partitions").glob("train_part*.pkl"), key=lambda p: int(p.stem.rsplit("part", 1)[1]))
+            if parts:
+                return "fedbn_pkl", tuple(parts)
+        elif (folder / "test.pkl").is_file():
+            return "fedbn_pkl", (folder / "test.pkl",)
+        npz = _npz_split_files(base, domain, train)
+        if npz:
+            return "npz", npz
+        mat = {"svhn": f"{split}_32x32.mat", "synth": f"synth_{split}_32x32.mat"}.get(domain)
+        for f in (base / mat, base / DIGITS5_FOLDERS[domain] / mat) if mat else ():
+            if f.is_file():
+                return "mat", (f,)
+        if domain == "mnistm":
+            for m in (base / "mnist_m", base / "MNIST_M"):
+                if (m / f"mnist_m_{split}_labels.txt").is_file():
+                    return "mnistm_png", (m / f"mnist_m_{split}", m / f"mnist_m_{split}_labels.txt")
+    if domain in ("mnist", "usps"):
+        try:
+            ds = (MNIST if domain == "mnist" else USPS)(root, train=train)
+        except DatasetError:
+            return None
+        return "loader", ds.source.paths
+    return None
 
-    Images become 28×28×3 (bilinear resize, grey replicated), normalised with 0.5/0.5 as FedBN.
-    [code≠here] With upstream files, the sources' own train/test splits are used; FedBN's
-    preprocessing pools them and re-splits 80/20, so test-set sizes differ from the paper's.
-    Equal training sizes per client come from the ``domains`` partition (``per_client``).
-    """
 
-    info = DatasetInfo(name="digits5", num_classes=10, in_channels=3, image_size=(28, 28), mean=_HALF, std=_HALF)
-    classes = _DIGITS
-    domain_names = ["mnist", "svhn", "usps", "synth", "mnistm"]
-    fedbn_folders: ClassVar[dict[str, str]] = {
-        "mnist": "MNIST", "svhn": "SVHN", "usps": "USPS", "synth": "SynthDigits", "mnistm": "MNIST_M",
-    }  # fmt: skip
+def digits5_read(root: Path, domain: str, train: bool, layout: str, paths: tuple[Path, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """One Digits-5 split as stored: uint8 ``N×H×W×C`` (C = 1 or 3) and int64 labels."""
+    if layout == "fedbn_pkl":
+        pairs = [_read_pickle_arrays(p) for p in paths]
+        x, y = np.concatenate([_as_images(a, str(p)) for (a, _), p in zip(pairs, paths)]), np.concatenate([b for _, b in pairs])
+    elif layout == "npz":
+        x, y = _load_npz_split(paths)
+    elif layout == "mat":
+        x, y = _read_mat(paths[0])
+    elif layout == "mnistm_png":
+        x, y = _read_mnistm_folder(*paths)
+    else:
+        ds = (MNIST if domain == "mnist" else USPS)(root, train=train)
+        x, y = ds.data, ds.targets
+    x = _as_images(np.asarray(x), f"{domain} in {paths[0]}")
+    y = np.asarray(y).reshape(-1).astype(np.int64)
+    if len(x) != len(y):
+        raise DatasetError(f"{domain}: {len(x)} images but {len(y)} labels in {paths[0]}")
+    return x, y
 
-    def _bases(self) -> list[Path]:
-        assert self.root is not None
-        return [b for b in (self.root, self.root / "digits5", self.root / "Digits") if b.is_dir()]
 
-    def _locate_domain(self, domain: str) -> tuple[str, tuple[Path, ...]] | None:
-        split = "train" if self.train else "test"
-        for base in self._bases():
-            folder = base / self.fedbn_folders[domain]
-            if self.train:
-                parts = sorted((folder / "partitions").glob("train_part*.pkl"), key=lambda p: int(p.stem.rsplit("part", 1)[1]))
-                if parts:
-                    return "fedbn_pkl", tuple(parts)
-            elif (folder / "test.pkl").is_file():
-                return "fedbn_pkl", (folder / "test.pkl",)
-            npz = base / f"{domain}_{split}.npz"
-            if npz.is_file():
-                return "npz", (npz,)
-            mat = {"svhn": f"{split}_32x32.mat", "synth": f"synth_{split}_32x32.mat"}.get(domain)
-            for f in (base / mat, base / self.fedbn_folders[domain] / mat) if mat else ():
-                if f.is_file():
-                    return "mat", (f,)
-            if domain == "mnistm":
-                for m in (base / "mnist_m", base / "MNIST_M"):
-                    if (m / f"mnist_m_{split}_labels.txt").is_file():
-                        return "mnistm_png", (m / f"mnist_m_{split}", m / f"mnist_m_{split}_labels.txt")
-        if domain in ("mnist", "usps"):
-            try:
-                cls = MNIST if domain == "mnist" else USPS
-                ds = cls(self.root, train=self.train)
-            except DatasetError:
-                return None
-            return "loader", ds.source.paths
-        return None
+def __getattr__(name: str) -> Any:
+    """``Digits5`` and the image-folder datasets moved to :mod:`fednorm.data.presets` (presets of
+    the ``domains`` dataset); their old import path still works."""
+    if name in ("Digits5", "ImageFolderDomains", "ImageFolder", "OfficeCaltech10", "DomainNet"):
+        from . import presets
 
-    def _locate(self) -> tuple[_Found | None, list[str]]:
-        found: list[Path] = []
-        self._layouts: dict[str, tuple[str, tuple[Path, ...]]] = {}
-        missing = []
-        for d in self.domain_names:
-            loc = self._locate_domain(d)
-            if loc is None:
-                missing.append(d)
-            else:
-                self._layouts[d] = loc
-                found += loc[1]
-        if missing:
-            return None, [f"no files for domain(s) {', '.join(missing)}"]
-        return _Found("digits5", tuple(found)), []
-
-    def _load_one(self, domain: str) -> tuple[np.ndarray, np.ndarray]:
-        layout, paths = self._layouts[domain]
-        if layout == "fedbn_pkl":
-            pairs = [_read_pickle_arrays(p) for p in paths]
-            x, y = np.concatenate([_as_images(a, str(p)) for (a, _), p in zip(pairs, paths)]), np.concatenate([b for _, b in pairs])
-        elif layout == "npz":
-            x, y = _load_npz(paths[0])
-        elif layout == "mat":
-            x, y = _read_mat(paths[0])
-        elif layout == "mnistm_png":
-            x, y = _read_mnistm_folder(*paths)
-        else:
-            ds = (MNIST if domain == "mnist" else USPS)(self.root, train=self.train)
-            x, y = ds.data, ds.targets
-        x = _as_images(np.asarray(x), f"{domain} in {paths[0]}")
-        y = np.asarray(y).reshape(-1).astype(np.int64)
-        if len(x) != len(y):
-            raise DatasetError(f"{domain}: {len(x)} images but {len(y)} labels in {paths[0]}")
-        return to_rgb28(x), y
-
-    def _load_domains(self, found: _Found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        xs, ys, ds = [], [], []
-        for i, d in enumerate(self.domain_names):
-            x, y = self._load_one(d)
-            xs.append(x), ys.append(y), ds.append(np.full(len(y), i, dtype=np.int64))
-        return np.concatenate(xs), np.concatenate(ys), np.concatenate(ds)
-
-    def _advice(self) -> str:
-        return (
-            "Digits-5 is not downloadable automatically: put FedBN's released folders (MNIST, SVHN, USPS, "
-            "SynthDigits, MNIST_M with partitions/train_part*.pkl and test.pkl) or the upstream files "
-            "(train_32x32.mat, synth_train_32x32.mat, mnist_m/...) in --data-dir. Offline, use 'digits_domains'."
-        )
+        return getattr(presets, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- image folders (Office-Caltech10, DomainNet) ----------------------------------------------
@@ -349,143 +300,3 @@ def _ci_child(folder: Path, name: str) -> Path | None:
         if p.is_dir() and p.name.lower() == name.lower():
             return p
     return None
-
-
-class ImageFolderDomains(MultiDomainDataset):
-    """Images in ``root[/base_folder]/<domain>/<class>/*`` (Office-Caltech10 and DomainNet layout).
-
-    Every image is converted to RGB and resized to ``image_size`` (bilinear) once, at load.
-    Splits: ``<domain>/{train,test}/<class>/*`` when those folders exist; else DomainNet's
-    ``<domain>_{train,test}.txt`` lists (``domain/class/file label`` per line) when present;
-    else a deterministic stratified 80/20 split of each domain (seed 0, like ``digits``).
-    ``domain_names``/``classes`` are fixed by subclasses; the generic ``image_folder`` takes
-    every domain folder and the union of class folders, sorted.
-    """
-
-    base_folders: ClassVar[tuple[str, ...]] = ()
-    image_size: ClassVar[int] = 64
-    fixed_domains: ClassVar[list[str] | None] = None
-    fixed_classes: ClassVar[list[str] | None] = None
-    info = DatasetInfo(name="image_folder", num_classes=1, in_channels=3, image_size=(64, 64), mean=_HALF, std=_HALF)
-
-    def _base(self) -> Path | None:
-        assert self.root is not None
-        for b in (*(self.root / f for f in self.base_folders), self.root):
-            if b.is_dir() and (self.fixed_domains is None or all(_ci_child(b, d) for d in self.fixed_domains)):
-                return b
-        return None
-
-    def _locate(self) -> tuple[_Found | None, list[str]]:
-        base = self._base()
-        if base is None:
-            want = ", ".join(self.fixed_domains or ["<domain>"])
-            return None, [f"no folder with domain subfolders {want}"]
-        domains = self.fixed_domains or sorted(p.name for p in base.iterdir() if p.is_dir())
-        folders = [_ci_child(base, d) for d in domains]
-        classes = self.fixed_classes
-        if classes is None:
-            names: set[str] = set()
-            for f in folders:
-                assert f is not None
-                root = f / "train" if (f / "train").is_dir() else f
-                names |= {p.name for p in root.iterdir() if p.is_dir()}
-            classes = sorted(names)
-        if not classes or not domains:
-            return None, [f"{base} holds no <domain>/<class>/ image folders"]
-        self.domain_names = list(domains)
-        self.classes = list(classes)
-        self._folders = folders
-        self._base_path = base
-        self.info = DatasetInfo(
-            name=type(self).info.name, num_classes=len(classes), in_channels=3,
-            image_size=(self.image_size, self.image_size), mean=_HALF, std=_HALF,
-        )  # fmt: skip
-        return _Found("image_folder", (base,)), []
-
-    def _domain_files(self, d: int, folder: Path) -> list[tuple[Path, int]]:
-        split = "train" if self.train else "test"
-        cls_index = {c.lower(): i for i, c in enumerate(self.classes)}
-
-        def scan(root: Path) -> list[tuple[Path, int]]:
-            out = []
-            for cdir in sorted(p for p in root.iterdir() if p.is_dir()):
-                c = cls_index.get(cdir.name.lower())
-                if c is not None:
-                    out += [(f, c) for f in sorted(cdir.iterdir()) if f.suffix.lower() in _IMAGE_SUFFIXES]
-            return out
-
-        if (folder / split).is_dir():
-            return scan(folder / split)
-        listing = self._base_path / f"{self.domain_names[d]}_{split}.txt"
-        if listing.is_file():
-            out = []
-            for line in listing.read_text().splitlines():
-                if line.strip():
-                    rel = line.split()[0]
-                    c = cls_index.get(Path(rel).parent.name.lower())
-                    if c is not None:
-                        out.append((self._base_path / rel, c))
-            return out
-        files = scan(folder)
-        labels = np.array([c for _, c in files], dtype=np.int64)
-        if len(labels) == 0:
-            return []
-        tr, te = _stratified_split(labels, 0.2, 0)
-        return [files[i] for i in (tr if self.train else te)]
-
-    def _load_domains(self, found: _Found) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        from PIL import Image
-
-        xs, ys, ds = [], [], []
-        size = (self.image_size, self.image_size)
-        for d, folder in enumerate(self._folders):
-            assert folder is not None
-            for path, c in self._domain_files(d, folder):
-                try:
-                    with Image.open(path) as im:
-                        xs.append(np.asarray(im.convert("RGB").resize(size, Image.BILINEAR)))
-                except (OSError, ValueError) as exc:
-                    raise DatasetError(f"Could not read image {path}: {exc}") from exc
-                ys.append(c)
-                ds.append(d)
-        if not xs:
-            return np.empty((0, *size, 3), np.uint8), np.empty(0, np.int64), np.empty(0, np.int64)
-        return np.stack(xs), np.asarray(ys, np.int64), np.asarray(ds, np.int64)
-
-    def _advice(self) -> str:
-        folders = " or ".join(str(self.root / f) for f in (*self.base_folders, "")) if self.root else "--data-dir"
-        return f"Put the images as <domain>/<class>/*.jpg under {folders}."
-
-
-@register_dataset("image_folder")
-class ImageFolder(ImageFolderDomains):
-    """Any ``root/<domain>/<class>/*`` tree, 64×64 (see :class:`ImageFolderDomains`)."""
-
-    info = DatasetInfo(name="image_folder", num_classes=1, in_channels=3, image_size=(64, 64), mean=_HALF, std=_HALF)
-
-
-@register_dataset("office_caltech10")
-class OfficeCaltech10(ImageFolderDomains):
-    """Office-Caltech10 (FedBN §5): amazon, caltech, dslr, webcam; the 10 shared classes; 256×256
-    as FedBN's AlexNet input; no mean/std normalisation in FedBN's code (here 0.5/0.5)."""
-
-    base_folders = ("office_caltech_10", "office_caltech10", "OfficeCaltech10")
-    image_size = 256
-    fixed_domains = ["amazon", "caltech", "dslr", "webcam"]
-    fixed_classes = ["back_pack", "bike", "calculator", "headphones", "keyboard",
-                     "laptop_computer", "monitor", "mouse", "mug", "projector"]  # fmt: skip
-    classes = fixed_classes
-    info = DatasetInfo(name="office_caltech10", num_classes=10, in_channels=3, image_size=(256, 256), mean=_HALF, std=_HALF)
-
-
-@register_dataset("domainnet")
-class DomainNet(ImageFolderDomains):
-    """DomainNet with FedBN's top-10 classes (spec/004_fedbn.md §2.3); 256×256. Uses DomainNet's
-    ``<domain>_{train,test}.txt`` lists when they are in the folder."""
-
-    base_folders = ("domainnet", "DomainNet")
-    image_size = 256
-    fixed_domains = ["clipart", "infograph", "painting", "quickdraw", "real", "sketch"]
-    fixed_classes = ["bird", "feather", "headphones", "ice_cream", "teapot", "tiger", "whale", "windmill", "wine_glass", "zebra"]
-    classes = fixed_classes
-    info = DatasetInfo(name="domainnet", num_classes=10, in_channels=3, image_size=(256, 256), mean=_HALF, std=_HALF)

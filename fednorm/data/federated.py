@@ -86,19 +86,22 @@ def build_federated_data(
     download: bool = False,
     augment: bool | None = None,
     input_norm: str | Mapping[str, Sequence[float]] = "dataset",
+    dataset_args: Mapping[str, object] | None = None,
     **partition_params: object,
 ) -> FederatedData:
     """Load ``dataset``, split its training set with ``partition_name`` and build client test splits.
 
-    ``input_norm``: ``"dataset"`` standardises with the dataset's own per-channel statistics,
+    ``dataset_args``: the dataset's own options (e.g. the ``domains`` dataset's ``domains``,
+    ``image_size``, ``channels``). ``input_norm``: ``"dataset"`` standardises with the dataset's own per-channel statistics,
     ``"none"`` leaves pixels in [0, 1], ``{"mean": [...], "std": [...]}`` uses those.
 
     Raises:
         PartitionError: the partition is impossible (e.g. more clients than samples).
         DatasetError: the files are missing or corrupt.
     """
-    train = load_dataset(dataset, data_dir, train=True, download=download)
-    test = load_dataset(dataset, data_dir, train=False, download=download)
+    options = dict(dataset_args or {})
+    train = load_dataset(dataset, data_dir, train=True, download=download, **options)
+    test = load_dataset(dataset, data_dir, train=False, download=download, **options)
     info = train.info
     if num_clients > len(train):
         raise PartitionError(
@@ -106,10 +109,27 @@ def build_federated_data(
         )
     domains = getattr(train, "domains", None)
     if domains is not None:  # multi-source data: the domains partition needs the sources
+        from .domains_dataset import warn_missing
+
+        if partition_name == "domains":
+            warn_missing(train, partition_params.get("sources"))
         partition_params = {"domains": domains, "domain_names": train.domain_names, **partition_params}
-    parts = partition(partition_name, train.targets, num_clients, seed=seed, **partition_params)
+    try:
+        parts = partition(partition_name, train.targets, num_clients, seed=seed, **partition_params)
+    except PartitionError as exc:
+        where = getattr(train, "domain_where", {})
+        small = next((n for n in where if f"'{n}'" in str(exc)), None) if "smallest source" in str(exc) else None
+        if small is not None:
+            raise PartitionError(f"{exc}; or add samples to domain '{small}' ({where[small]})") from None
+        if "in sources" in str(exc) and dataset != "domains":  # a domain of one's own beside a benchmark's
+            raise PartitionError(f"{exc}. To add a domain of your own, list the domains in the 'domains' dataset, e.g. "
+                                 f"dataset_args: {{domains: {{mnist: '{dataset}:mnist', mine: path/to/mine}}}} (docs/data.md)") from None
+        raise
     hist = label_histogram(train.targets, parts, info.num_classes)
-    owners = client_domains(domains, parts) if domains is not None else None
+    # one source per client (feature shift): tested on its own source; a single-source dataset
+    # under a label partition keeps label-matched test splits
+    shifted = domains is not None and (partition_name == "domains" or len(np.unique(domains)) > 1)
+    owners = client_domains(domains, parts) if shifted else None
     if owners is not None:
         test_parts = split_by_domain(test.domains, owners, seed=seed)
     else:
@@ -152,7 +172,12 @@ def build_federated_data(
 
 @functools.lru_cache(maxsize=4)
 def _cached(dataset: str, num_clients: int, partition_name: str, seed: int, data_dir: str | None, params: tuple) -> FederatedData:
-    return build_federated_data(dataset, num_clients=num_clients, partition_name=partition_name, seed=seed, data_dir=data_dir, **dict(params))
+    kwargs = dict(params)
+    if isinstance(kwargs.get("dataset_args"), str):  # hashable form (see cached_federated_data)
+        import json
+
+        kwargs["dataset_args"] = json.loads(kwargs["dataset_args"])
+    return build_federated_data(dataset, num_clients=num_clients, partition_name=partition_name, seed=seed, data_dir=data_dir, **kwargs)
 
 
 def cached_federated_data(
@@ -160,6 +185,10 @@ def cached_federated_data(
 ) -> FederatedData:
     """:func:`build_federated_data`, memoised per process (for worker processes that serve many
     clients, e.g. Flower's simulation actors). Treat the result as read-only."""
+    if isinstance(partition_params.get("dataset_args"), Mapping):
+        import json
+
+        partition_params = {**partition_params, "dataset_args": json.dumps(partition_params["dataset_args"], sort_keys=True)}
     return _cached(dataset, num_clients, partition_name, seed, data_dir, tuple(sorted(partition_params.items())))
 
 
@@ -175,9 +204,12 @@ def federated_data_from_config(config: object) -> FederatedData:
         download=c.download,  # type: ignore[attr-defined]
         augment=getattr(c, "augment", None),
         input_norm=getattr(c, "input_norm", "dataset"),
-        alpha=c.alpha,  # type: ignore[attr-defined]
-        classes_per_client=c.classes_per_client,  # type: ignore[attr-defined]
-        gamma=c.gamma,  # type: ignore[attr-defined]
-        min_size=c.min_size,  # type: ignore[attr-defined]
-        **c.partition_args,  # type: ignore[attr-defined]
+        dataset_args=getattr(c, "dataset_args", None),
+        **{  # partition_args may repeat a field for a partitioner that is not fednorm's (flwr:...)
+            "alpha": c.alpha,  # type: ignore[attr-defined]
+            "classes_per_client": c.classes_per_client,  # type: ignore[attr-defined]
+            "gamma": c.gamma,  # type: ignore[attr-defined]
+            "min_size": c.min_size,  # type: ignore[attr-defined]
+            **c.partition_args,  # type: ignore[attr-defined]
+        },
     )

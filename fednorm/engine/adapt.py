@@ -165,8 +165,8 @@ def _domain_data(sim: Any, domain: str, num_samples: int | None, seed: int) -> t
     from ..data.datasets import dataset_to_tensors, load_dataset
 
     cfg = sim.config
-    train = load_dataset(cfg.dataset, cfg.data_dir, train=True)
-    test = load_dataset(cfg.dataset, cfg.data_dir, train=False)
+    train = load_dataset(cfg.dataset, cfg.data_dir, train=True, **cfg.dataset_args)
+    test = load_dataset(cfg.dataset, cfg.data_dir, train=False, **cfg.dataset_args)
     names = [n.lower() for n in getattr(train, "domain_names", [])]
     if not names:
         raise ConfigError(f"dataset '{cfg.dataset}' has no domains; pass client= instead of domain=")

@@ -526,7 +526,17 @@ class Simulation:
             "test_loss": test_loss,
             "mean_client_accuracy": float(np.mean(valid)) if valid else math.nan,
             "client_accuracies": client_acc,
+            **self._domain_record(client_acc),
         }
+
+    def _domain_record(self, client_acc: list[float | None]) -> dict[str, Any]:
+        """Feature shift (one source per client): each domain's accuracy (fednorm/domain_results.py)."""
+        data = self.data
+        if data.client_domain is None or data.domain_names is None:
+            return {}
+        from ..domain_results import domain_accuracies
+
+        return {"domain_accuracies": domain_accuracies([data.domain_names[d] for d in data.client_domain], client_acc)}
 
     def _compiled_forward(self) -> Any:
         """``torch.compile`` of the working model for evaluation (``eval_compile``), built once."""
@@ -574,6 +584,7 @@ class Simulation:
             "last10_mean_test_accuracy": float(np.mean(accs[-10:])) if accs else None,
             "final_mean_client_accuracy": last.get("mean_client_accuracy"),
             "final_client_accuracies": last.get("client_accuracies"),
+            "final_domain_accuracies": last.get("domain_accuracies"),
             "client_sources": (  # feature shift: the data source of each client
                 [self.data.domain_names[d] for d in self.data.client_domain]
                 if self.data.client_domain is not None and self.data.domain_names is not None else None
