@@ -107,8 +107,10 @@ def _svhn_mat(path, n, rng, key_label=10):
     return x
 
 
-def test_digits5_reads_upstream_formats(tmp_path):
+def test_digits5_reads_upstream_formats(tmp_path, monkeypatch):
     from PIL import Image
+
+    monkeypatch.setenv("FEDNORM_CACHE", str(tmp_path / "cache"))  # decoded domains go here, not to ~/.cache
 
     rng = np.random.default_rng(0)
     for split, n in (("train", 12), ("test", 6)):
