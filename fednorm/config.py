@@ -217,6 +217,8 @@ class ExperimentConfig(BaseModel):
     # --- run --------------------------------------------------------------------------------
     seed: int = Field(0, ge=0, description="seed of every random choice (partition, init, sampling, batches)")
     out: str | None = Field(None, description="run directory (default: runs/<method>-<norm>-<dataset>-<time>)")
+    log: list[str] = Field(default_factory=list, description="loggers that follow the run: tensorboard, mlflow, wandb (comma-separated; fednorm/tracking)")
+    log_args: dict[str, Any] = Field(default_factory=dict, description="options per logger, e.g. {mlflow: {tracking_uri: http://host:5000}}")
     executor: Literal["auto", "sequential", "vectorized"] = Field(
         "auto",
         description="how a round's clients run: one after another, or together as a client dimension "
@@ -275,6 +277,20 @@ class ExperimentConfig(BaseModel):
     def _seed_range(cls, value: int) -> int:
         if value >= 2**63:
             raise ValueError(f"must be below 2**63, got {value}")
+        return value
+
+    @field_validator("log", mode="before")
+    @classmethod
+    def _log_names(cls, value: Any) -> Any:
+        from .tracking import LOGGERS  # names only: no logger package is imported
+
+        if isinstance(value, str):
+            value = [v for v in value.split(",")]
+        if isinstance(value, list):
+            value = [v.strip().lower() for v in value if isinstance(v, str) and v.strip()] if all(isinstance(v, str) for v in value) else value
+            bad = [v for v in value if isinstance(v, str) and v not in LOGGERS]
+            if bad:
+                raise ValueError(f"unknown logger '{bad[0]}'; choose from {', '.join(LOGGERS)}")
         return value
 
     @field_validator("lr_milestones")

@@ -115,6 +115,9 @@ def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = (
             kwargs["metavar"] = "BOOL"
         elif origin is typing.Literal:
             kwargs["choices"] = list(args)
+        elif origin is list and args == (str,):
+            kwargs["type"] = _split
+            kwargs["metavar"] = "NAME,NAME,..."
         elif origin is list:
             kwargs["type"] = _int_list
             kwargs["metavar"] = "N,N,..."

@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from ..tracking.callback import Callback
+
 __all__ = ["ProgressLines", "format_seconds", "wants_lines"]
 
 
@@ -35,8 +37,8 @@ def wants_lines(stream: TextIO | None = None) -> bool:
         return True
 
 
-class ProgressLines:
-    """An ``on_round`` callback for :func:`fednorm.api.run` / :func:`fednorm.api.compare`.
+class ProgressLines(Callback):
+    """A round-loop callback (:class:`fednorm.tracking.Callback`) for :func:`fednorm.api.run` / :func:`fednorm.api.compare`.
 
     Args:
         stream: where to print (default: stdout at call time).
@@ -51,7 +53,7 @@ class ProgressLines:
         self._t0 = 0.0
         self._r0 = 0
 
-    def __call__(self, record: Any, sim: Any) -> None:
+    def on_round_end(self, record: Any, sim: Any) -> None:
         now = time.perf_counter()
         if sim is not self._sim:  # a new run: its clock starts at the beginning of this first round
             self._sim, self._index = sim, self._index + 1
