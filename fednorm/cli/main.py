@@ -195,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_cmp.add_argument("--variants", help="explicit variants 'method:norm,method:norm' (overrides --methods/--norms)")
     p_cmp.add_argument("--overwrite", action="store_true", help="write into an --out directory that holds an earlier comparison (its run files are deleted)")
     p_cmp.add_argument("--quiet", action="store_true", help="no progress bars or progress lines")
+    cmp_seeds = p_cmp.add_mutually_exclusive_group()
+    cmp_seeds.add_argument("--seeds", metavar="S,S,...", help="run every variant once per seed in OUT/<variant>/seed<k> and "
+                           "tabulate mean ± std (results.md/.csv/.json, accuracy.png with ±std bands); rerunning keeps "
+                           "finished seeds")
+    cmp_seeds.add_argument("--num-seeds", type=int, metavar="N", help="--seeds SEED, SEED+1, ..., SEED+N-1 (SEED: --seed)")
     _add_config_options(p_cmp, defaults={**QUICKSTART, "out": "runs/compare-<dataset>-<time>"})
 
     p_part = sub.add_parser("partition", help="print and plot the per-client label histogram of a partition")
@@ -385,17 +390,7 @@ def _run_seeds_command(args: argparse.Namespace) -> int:
         raise ConfigError("--seeds keeps finished seeds and resumes an interrupted one by itself: rerun the same "
                           "command (without --resume/--overwrite), or pick a new --out")
     cfg, _ = _resolve_threads(_config_from(args))
-    if args.num_seeds is not None:
-        if args.num_seeds < 1:
-            raise ConfigError(f"--num-seeds must be at least 1, got {args.num_seeds}")
-        seeds = [cfg.seed + i for i in range(args.num_seeds)]
-    else:
-        try:
-            seeds = [int(t) for t in _split(args.seeds)]
-        except ValueError:
-            raise ConfigError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
-        if not seeds:
-            raise ConfigError("--seeds needs at least one seed")
+    seeds = _seed_list(args, cfg.seed)
     root = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     rundir.check_writable(root)
     if rundir.holds_run(root):
@@ -415,6 +410,21 @@ def _run_seeds_command(args: argparse.Namespace) -> int:
         return 130
     print(result.table())
     return 0
+
+
+def _seed_list(args: argparse.Namespace, first: int) -> list[int]:
+    """The seeds of ``--seeds S,S,...`` or ``--num-seeds N`` (from ``first``)."""
+    if args.num_seeds is not None:
+        if args.num_seeds < 1:
+            raise ConfigError(f"--num-seeds must be at least 1, got {args.num_seeds}")
+        return [first + i for i in range(args.num_seeds)]
+    try:
+        seeds = [int(t) for t in _split(args.seeds)]
+    except ValueError:
+        raise ConfigError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
+    if not seeds:
+        raise ConfigError("--seeds needs at least one seed")
+    return seeds
 
 
 def _cmd_launch(args: argparse.Namespace, forwarded: list[str]) -> int:
@@ -495,6 +505,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         out = Path("runs") / f"compare-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
         out = rundir.next_free(out) if out.exists() else out
     rundir.check_writable(out)
+    if args.seeds is not None or args.num_seeds is not None:  # one run per variant and seed (fednorm/seeds.py)
+        return _compare_seeds_command(args, cfg, variants, out)
     earlier = rundir.holds_comparison(out)
     if earlier and not args.overwrite:
         raise ConfigError(f"{out} already holds a comparison; start it again with --overwrite or pass another --out")
@@ -524,6 +536,35 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     print(f"\ntable: {out / 'results.md'}  csv: {out / 'results.csv'}" + (f"  plot: {out / 'accuracy.png'}" if result.results else ""))
     if result.stop_signal is not None:
         return exit_code_for_signal(result.stop_signal)
+    return 0
+
+
+def _compare_seeds_command(args: argparse.Namespace, cfg: ExperimentConfig, variants: list[dict[str, Any]], out: Path) -> int:
+    """``fednorm compare --seeds``: every variant once per seed, a mean ± std table."""
+    from ..api import plan_variants
+    from ..seeds import compare_seeds
+
+    if args.overwrite:
+        raise ConfigError("--seeds keeps finished seeds by itself: rerun the same command without --overwrite, or pick a new --out")
+    seeds = _seed_list(args, cfg.seed)
+    cfg, why = _resolve_threads(cfg.model_copy(update={"out": None}))
+    planned = plan_variants(cfg, variants, out)  # every variant valid before anything trains
+    on_round = None
+    if not args.quiet:
+        from .progress import ProgressLines, wants_lines
+
+        on_round = ProgressLines(variants=len(planned) * len(seeds)) if wants_lines() else None
+    print(f"comparing {len(planned)} variants x {len(seeds)} seeds ({', '.join(map(str, seeds))}) on {cfg.dataset} "
+          f"({cfg.partition}, {cfg.num_clients} clients, {cfg.rounds} rounds, {cfg.threads} torch "
+          f"thread{'s' if cfg.threads != 1 else ''}: {why}) -> {out}", flush=True)
+    result = compare_seeds(planned, seeds, out, progress=False if args.quiet else None, on_round=on_round,
+                           title=f"{cfg.dataset}, {cfg.partition}, {cfg.num_clients} clients, {len(seeds)} seeds")
+    print(result.markdown())
+    print(f"\ntable: {out / 'results.md'}  csv: {out / 'results.csv'}  json: {out / 'results.json'}"
+          + (f"  plot: {out / 'accuracy.png'}" if result.results else ""))
+    if result.interrupted:
+        print(f"interrupted; finished seeds are kept: run the same command again to continue ({out})")
+        return 130
     return 0
 
 
