@@ -199,10 +199,11 @@ def run(
         cfg = resolve_config(config, **overrides)
     check_device(cfg.device)
     from .tracking import as_callbacks, build_loggers, call_all
+    from .tracking.partition import PartitionRecord
 
     loggers = build_loggers(cfg.log, cfg.log_args)  # a missing package fails before anything runs
     sim = simulation(cfg, data=data)
-    hooks = as_callbacks(on_round, callbacks, loggers if sim.is_main else None)
+    hooks = as_callbacks(on_round, callbacks, [PartitionRecord(), *loggers] if sim.is_main else None)
     if checkpoint is not None:
         sim.load_state_dict(checkpoint)
     writer = None

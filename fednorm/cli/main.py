@@ -251,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .reproduce import add_parser as add_reproduce_parser  # fednorm reproduce <paper> (fednorm/cli/reproduce.py)
 
     add_reproduce_parser(sub)
+    from ..report.cli import add_parser as add_report_parser  # fednorm report RUN_DIR... (fednorm/report)
+
+    add_report_parser(sub)
 
     p_list = sub.add_parser("list", help="list methods, norms, models, datasets and partitions")
     p_list.add_argument("what", nargs="?", choices=["methods", "norms", "models", "datasets", "partitions", "client_opts", "server_opts", "aggregators", "attacks"], help="one registry (default: all)")
@@ -671,6 +674,12 @@ def _cmd_reproduce(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return command(args, argv)
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from ..report.cli import command
+
+    return command(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -707,7 +716,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
             return EXIT_BAD_INPUT
     handler = {"run": _cmd_run, "compare": lambda a: _keeping_threads(_cmd_compare, a), "partition": _cmd_partition, "list": _cmd_list,
                "analyze": _cmd_analyze, "flower-app": _cmd_flower_app,
-               "adapt": _cmd_adapt, "reproduce": lambda a: _cmd_reproduce(a, argv)}[args.command]
+               "adapt": _cmd_adapt, "reproduce": lambda a: _cmd_reproduce(a, argv), "report": _cmd_report}[args.command]
     try:
         return handler(args)
     except FednormError as exc:
