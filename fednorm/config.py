@@ -59,6 +59,11 @@ class ExperimentConfig(BaseModel):
     # --- method -----------------------------------------------------------------------------
     method: str = Field("fedavg", description="federated method (`fednorm list methods`)")
     method_args: dict[str, Any] = Field(default_factory=dict, description="method options, e.g. {weighting: uniform}")
+    buffers: Literal["global", "local", "drop"] | None = Field(
+        None, description="BatchNorm statistics under aggregation: global (averaged), local (kept per client), drop (not "
+        "sent, recomputed by the method); default: the method's (`fednorm list methods --verbose`)")
+    affine: Literal["global", "local", "drop"] | None = Field(
+        None, description="BatchNorm affine weight/bias under aggregation: global, local or drop; default: the method's")
 
     # --- FL optimizers (fednorm.optim: client side FedProx/SCAFFOLD/MOON, server side FedAvgM/FedAdam/FedYogi) ---
     client_opt: str = Field("none", description="client optimizer or objective composed with the method (`fednorm list client_opts`): none, fedprox, scaffold, moon, fedlc, fedrs, feddecorr")

@@ -257,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_list = sub.add_parser("list", help="list methods, norms, models, datasets and partitions")
     p_list.add_argument("what", nargs="?", choices=["methods", "norms", "models", "datasets", "partitions", "client_opts", "server_opts", "aggregators", "attacks"], help="one registry (default: all)")
+    p_list.add_argument("--verbose", action="store_true", help="methods: a line each, with where BatchNorm buffers and "
+                        "affine parameters go (--buffers, --affine: default and supported settings)")
     return parser
 
 
@@ -639,6 +641,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
     }
     for what, names in listing.items():
         if args.what in (None, what):
+            if what == "methods" and args.verbose:
+                from ..methods.policy import describe_methods
+
+                print("methods (buffers/affine: global = sent and combined, local = kept per client, drop = not sent, "
+                      "recomputed by the method):")
+                print("\n".join("  " + line for line in describe_methods()))
+                continue
             print(f"{what}: {', '.join(names)}")
     return 0
 
