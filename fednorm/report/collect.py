@@ -111,10 +111,32 @@ def _key(config: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in config.items() if k not in NOT_RESULTS}, sort_keys=True, default=str)
 
 
-def _label(config: dict[str, Any], varying: list[str]) -> str:
-    base = f"{config.get('method')}+{config.get('norm')}"
-    extra = [f"{k}={config.get(k)}" for k in varying if k not in ("method", "norm")]
-    return base + (f" ({', '.join(extra)})" if extra else "")
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"method_args.mode": "literal", ...}``: nested options as dotted keys, values as JSON."""
+    out: dict[str, str] = {}
+    for k, v in config.items():
+        if prefix == "" and k in NOT_RESULTS:
+            continue
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True, default=str)
+    return out
+
+
+def _labels(configs: list[dict[str, Any]]) -> list[str]:
+    """``method+norm``, plus the settings that tell apart the variants of the same method and
+    norm (``fedavg+bn (alpha=0.1)``); a setting shared by all of them is left out."""
+    flats = [_flat(c) for c in configs]
+    family = [f"{c.get('method')}+{c.get('norm')}" for c in configs]
+    labels = []
+    for i, flat in enumerate(flats):
+        same = [flats[j] for j in range(len(flats)) if family[j] == family[i]]
+        keys = sorted({k for f in same for k in f} - {"method", "norm"})
+        varying = [k for k in keys if len({f.get(k) for f in same}) > 1]
+        extra = [f"{k}={json.loads(flat[k]) if k in flat else None}" for k in varying]
+        labels.append(family[i] + (f" ({', '.join(extra)})" if extra else ""))
+    return labels
 
 
 def group_runs(runs: list[Run]) -> list[Variant]:
@@ -125,16 +147,8 @@ def group_runs(runs: list[Run]) -> list[Variant]:
     groups: dict[str, list[Run]] = {}
     for run in runs:
         groups.setdefault(_key(run.config), []).append(run)
-    configs = [g[0].config for g in groups.values()]
-    keys = sorted({k for c in configs for k in c if k not in NOT_RESULTS})
-    varying = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
     variants = []
-    labels: dict[str, int] = {}
-    for members in groups.values():
-        label = _label(members[0].config, varying)
-        labels[label] = labels.get(label, 0) + 1
-        if labels[label] > 1:  # settings outside the label differ (e.g. nested options): keep labels unique
-            label = f"{label} #{labels[label]}"
+    for members, label in zip(groups.values(), _labels([g[0].config for g in groups.values()])):
         done = {i: r.summary for i, r in enumerate(members) if r.completed}
         try:
             personalized = bool(getattr(METHODS.get_builder(str(members[0].config.get("method"))), "personalized", False))

@@ -24,7 +24,11 @@ class Figure:
 
 
 def _setting(config: dict[str, Any]) -> str:
-    return f"{config.get('dataset')}, {config.get('partition')}, {config.get('num_clients')} clients"
+    """The data a variant trains on (one curve figure each): dataset, partition and its skew, clients."""
+    skew = {"dirichlet": f" alpha={config.get('alpha')}", "quantity": f" alpha={config.get('alpha')}",
+            "classes": f" {config.get('classes_per_client')} classes/client", "gamma": f" gamma={config.get('gamma')}"}
+    part = str(config.get("partition"))
+    return f"{config.get('dataset')}, {part}{skew.get(part, '')}, {config.get('num_clients')} clients"
 
 
 def curve_figures(variants: list[Variant], out: Path) -> list[Figure]:

@@ -25,8 +25,11 @@ class Table:
 
 
 def _pm(st: object | None, scale: float = 100.0) -> str:
+    """``mean ± std``, or the one value of a single run (a std of one run says nothing)."""
     if st is None:
         return "n/a"
+    if len(st.values) < 2:  # type: ignore[attr-defined]
+        return f"{scale * st.mean:.2f}"  # type: ignore[attr-defined]
     return f"{scale * st.mean:.2f} ± {scale * st.std:.2f}"  # type: ignore[attr-defined]
 
 

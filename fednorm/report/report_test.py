@@ -117,3 +117,14 @@ def test_report_html_loads_in_headless_chromium_without_console_errors(sweep: Pa
     dom = proc.stdout
     table = dom.split('<table id="results">')[1].split("</table>")[0]
     assert "<td>fedavg+bn</td>" in table and "<td>fedbn+bn</td>" in table
+
+
+def test_variant_labels_name_only_what_tells_a_method_and_norms_variants_apart() -> None:
+    from fednorm.report.collect import _labels
+
+    base = ExperimentConfig().model_dump(mode="json")
+    configs = [{**base, "alpha": 0.1, "lr": 0.01}, {**base, "alpha": 0.3, "lr": 0.01},
+               {**base, "method": "fbn", "norm": "fbn", "alpha": 0.1, "method_args": {"mode": "literal"}},
+               {**base, "method": "fbn", "norm": "fbn", "alpha": 0.1, "method_args": {"mode": "exact"}, "seed": 5}]
+    assert _labels(configs) == ["fedavg+bn (alpha=0.1)", "fedavg+bn (alpha=0.3)", "fbn+fbn (method_args.mode=literal)",
+                                "fbn+fbn (method_args.mode=exact)"]
