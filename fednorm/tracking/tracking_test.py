@@ -116,6 +116,22 @@ def test_mlflow_store_holds_params_metrics_and_the_run_directory(tmp_path: Path,
     assert local.read_text() == (tmp_path / "r" / "summary.json").read_text()
 
 
+def test_a_resumed_run_continues_its_mlflow_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = f"file:{tmp_path / 'mlruns'}"
+    cfg = {**TINY, "rounds": 2, "eval_every": 1, "checkpoint_every": 1}
+    run(cfg, out=str(tmp_path / "r"), progress=False, log=["mlflow"], log_args={"mlflow": {"tracking_uri": uri}})
+    res = run(resume=tmp_path / "r", rounds=3, progress=False)  # log and log_args come from the run's config.yaml
+    client = MlflowClient(uri)
+    (only,) = client.search_runs([client.get_experiment_by_name("fednorm").experiment_id])
+    assert only.info.status == "FINISHED"
+    steps = sorted(m.step for m in client.get_metric_history(only.info.run_id, "test_accuracy"))
+    assert steps == [1, 2, 3] and len(res.history) == 3
+
+
 def test_wandb_offline_writes_its_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
