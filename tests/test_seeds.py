@@ -125,3 +125,15 @@ def test_mean_std_curve_uses_the_rounds_every_seed_evaluated() -> None:
             1: [{"round": 2, "test_accuracy": 0.6}, {"round": 3, "test_accuracy": 0.9}]}
     rounds, means, stds = mean_std_curve(hist)
     assert rounds == [2] and means == pytest.approx([0.5]) and stds == pytest.approx([statistics.stdev([0.4, 0.6])])
+
+
+def test_the_overall_bar_counts_every_round_of_every_seed(tmp_path: Path) -> None:
+    import io
+
+    from fednorm.cli.progress import OverallBar
+
+    out = io.StringIO()
+    bar = OverallBar(runs=2, rounds=2, file=out)
+    run_seeds(ExperimentConfig(**TINY), [0, 1], tmp_path, progress=False, on_round=bar, plot=False)
+    assert bar.bar.n == bar.bar.total == 4 and "run 2/2: fedavg+bn seed 1" in out.getvalue()
+    bar.close()

@@ -403,10 +403,13 @@ def _run_seeds_command(args: argparse.Namespace) -> int:
     progress = False if args.quiet else None
     on_round = None
     if progress is None:
-        from .progress import ProgressLines, wants_lines
+        from .progress import OverallBar, ProgressLines, wants_lines
 
-        on_round = ProgressLines() if wants_lines() else None
-    result = run_seeds(cfg, seeds, root, progress=progress, on_round=on_round)
+        on_round = ProgressLines() if wants_lines() else OverallBar(len(seeds), cfg.rounds, desc="all seeds")
+    try:
+        result = run_seeds(cfg, seeds, root, progress=progress, on_round=on_round)
+    finally:
+        getattr(on_round, "close", lambda: None)()
     if result.reused:
         print(f"kept the finished seed(s) {', '.join(map(str, result.reused))}")
     statuses = [s.get("status") for s in result.summaries.values()]
@@ -526,15 +529,16 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         print(f"--overwrite: deleted the earlier comparison in {out}", flush=True)
     on_round = None
     if not args.quiet:
-        from .progress import ProgressLines, wants_lines
+        from .progress import OverallBar, ProgressLines, wants_lines
 
-        on_round = ProgressLines(variants=len(variants)) if wants_lines() else None
+        on_round = ProgressLines(variants=len(variants)) if wants_lines() else OverallBar(len(variants), cfg.rounds)
     print(
         f"comparing {len(variants)} variants on {cfg.dataset} ({cfg.partition}, {cfg.num_clients} clients, "
         f"{cfg.rounds} rounds, seed {cfg.seed}, {cfg.threads} torch thread{'s' if cfg.threads != 1 else ''}: {why}) -> {out}",
         flush=True,
     )
     result = compare(cfg, variants=variants, out=out, progress=False if args.quiet else None, on_round=on_round)
+    getattr(on_round, "close", lambda: None)()
     print(result.markdown())
     if result.results:
         print(f"\n{result.headline()}")
@@ -556,14 +560,18 @@ def _compare_seeds_command(args: argparse.Namespace, cfg: ExperimentConfig, vari
     planned = plan_variants(cfg, variants, out)  # every variant valid before anything trains
     on_round = None
     if not args.quiet:
-        from .progress import ProgressLines, wants_lines
+        from .progress import OverallBar, ProgressLines, wants_lines
 
-        on_round = ProgressLines(variants=len(planned) * len(seeds)) if wants_lines() else None
+        runs = len(planned) * len(seeds)
+        on_round = ProgressLines(variants=runs) if wants_lines() else OverallBar(runs, cfg.rounds)
     print(f"comparing {len(planned)} variants x {len(seeds)} seeds ({', '.join(map(str, seeds))}) on {cfg.dataset} "
           f"({cfg.partition}, {cfg.num_clients} clients, {cfg.rounds} rounds, {cfg.threads} torch "
           f"thread{'s' if cfg.threads != 1 else ''}: {why}) -> {out}", flush=True)
-    result = compare_seeds(planned, seeds, out, progress=False if args.quiet else None, on_round=on_round,
-                           title=f"{cfg.dataset}, {cfg.partition}, {cfg.num_clients} clients, {len(seeds)} seeds")
+    try:
+        result = compare_seeds(planned, seeds, out, progress=False if args.quiet else None, on_round=on_round,
+                               title=f"{cfg.dataset}, {cfg.partition}, {cfg.num_clients} clients, {len(seeds)} seeds")
+    finally:
+        getattr(on_round, "close", lambda: None)()
     print(result.markdown())
     print(f"\ntable: {out / 'results.md'}  csv: {out / 'results.csv'}  json: {out / 'results.json'}"
           + (f"  plot: {out / 'accuracy.png'}" if result.results else ""))

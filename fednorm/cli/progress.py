@@ -73,3 +73,33 @@ class ProgressLines(Callback):
                 f"elapsed {format_seconds(elapsed)}, ETA {format_seconds(eta)}")
         stream = self.stream or sys.stdout
         print(line, file=stream, flush=True)
+
+
+class OverallBar(Callback):
+    """On a terminal, one bar over every run of ``fednorm compare`` or a multi-seed run (rounds
+    of all runs together), above each run's own bar.
+
+    Args:
+        runs: how many runs will report.
+        rounds: rounds per run.
+        file: where the bar goes (default: tqdm's, stderr).
+    """
+
+    def __init__(self, runs: int, rounds: int, file: TextIO | None = None, desc: str = "all runs") -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=runs * rounds, desc=desc, unit="round", position=0, file=file, leave=True)
+        self._runs = 0
+        self.runs = runs
+
+    def on_run_start(self, sim: Any, run_dir: Any) -> None:
+        self._runs += 1
+        self.bar.set_postfix_str(f"run {self._runs}/{self.runs}: {sim.config.method}+{sim.config.norm} seed {sim.config.seed}")
+        if sim.server_round:  # a resumed run: its finished rounds count as done
+            self.bar.update(sim.server_round)
+
+    def on_round_end(self, record: Any, sim: Any) -> None:
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -67,6 +67,11 @@ def as_callbacks(*groups: Iterable[Any] | Callback | Callable[..., None] | None)
 
 
 def call_all(callbacks: Sequence[Callback], hook: str, *args: Any) -> None:
-    """Call ``hook`` on every callback, in order."""
+    """Call ``hook`` on every callback, in order. ``on_round_end`` goes through ``cb(record, sim)``
+    (which calls :meth:`Callback.on_round_end`), so a callback written in the older
+    ``on_round(record, sim)`` form that overrides ``__call__`` keeps working."""
     for cb in callbacks:
-        getattr(cb, hook)(*args)
+        if hook == "on_round_end":
+            cb(*args)
+        else:
+            getattr(cb, hook)(*args)
