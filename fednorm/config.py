@@ -289,11 +289,11 @@ class ExperimentConfig(BaseModel):
     def _log_names(cls, value: Any) -> Any:
         from .tracking import LOGGERS  # names only: no logger package is imported
 
-        if isinstance(value, str):
-            value = [v for v in value.split(",")]
-        if isinstance(value, list):
-            value = [v.strip().lower() for v in value if isinstance(v, str) and v.strip()] if all(isinstance(v, str) for v in value) else value
-            bad = [v for v in value if isinstance(v, str) and v not in LOGGERS]
+        if isinstance(value, str):  # "tensorboard,mlflow"
+            value = value.split(",")
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = [v.strip().lower() for v in value if v.strip()]
+            bad = [v for v in value if v not in LOGGERS]
             if bad:
                 raise ValueError(f"unknown logger '{bad[0]}'; choose from {', '.join(LOGGERS)}")
         return value
