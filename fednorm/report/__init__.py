@@ -41,6 +41,8 @@ def build_report(paths: Iterable[str | Path], out: str | Path, *, title: str = "
     runs = find_runs(paths)
     variants = group_runs(runs)
     out.mkdir(parents=True, exist_ok=True)
+    for old in [*out.glob("curves_*.png"), *out.glob("partition_*.png"), out / "domains.png"]:  # an earlier report's
+        old.unlink(missing_ok=True)
     figures = curve_figures(variants, out)
     dom = domain_figure(variants, out)
     if dom is not None:
