@@ -58,7 +58,8 @@ def resolve_config(config: ExperimentConfig | Mapping[str, Any] | str | Path | N
 
 
 # Settings that may change when a run is resumed; every other field must match the checkpoint.
-RESUMABLE_OVERRIDES = ("rounds", "eval_every", "eval_last_rounds", "eval_batch_size", "checkpoint_every", "threads", "out", "device")
+RESUMABLE_OVERRIDES = ("rounds", "eval_every", "eval_last_rounds", "eval_batch_size", "checkpoint_every", "threads", "out", "device",
+                       "log", "log_args")
 
 
 class _StopRequest:
@@ -142,6 +143,7 @@ def run(
     resume: str | Path | None = None,
     simulation: Callable[..., Simulation] = Simulation,
     on_round: Callable[[Any, Simulation], None] | None = None,
+    callbacks: Sequence[Any] = (),
     **overrides: Any,
 ) -> RunResult:
     """Run one federated experiment, or resume one from its run directory.
@@ -161,6 +163,9 @@ def run(
             torch.distributed ranks, and every rank calls ``run``; only rank 0 writes).
         on_round: called as ``on_round(record, simulation)`` after every round (the CLI prints a
             progress line per evaluation with it when stdout is not a terminal).
+        callbacks: :class:`fednorm.tracking.Callback` objects (or ``f(record, sim)`` functions)
+            whose hooks see the run start, every round and the end; the config's ``log`` adds
+            its loggers (TensorBoard, MLflow, W&B) to them.
         **overrides: config fields, e.g. ``rounds=5``.
 
     A first SIGINT/SIGTERM stops the run after the current round with a checkpoint
@@ -193,7 +198,12 @@ def run(
     else:
         cfg = resolve_config(config, **overrides)
     check_device(cfg.device)
+    from .tracking import as_callbacks, build_loggers, call_all
+    from .tracking.partition import PartitionRecord
+
+    loggers = build_loggers(cfg.log, cfg.log_args)  # a missing package fails before anything runs
     sim = simulation(cfg, data=data)
+    hooks = as_callbacks(on_round, callbacks, [PartitionRecord(), *loggers] if sim.is_main else None)
     if checkpoint is not None:
         sim.load_state_dict(checkpoint)
     writer = None
@@ -208,9 +218,12 @@ def run(
         cfg = cfg.model_copy(update={"out": str(out)})
         sim.config = cfg
         if sim.is_main:
+            call_all(hooks, "on_run_start", sim, out)
             writer = RunWriter(out, cfg, history=sim.history if checkpoint is not None else None)
         if checkpoint is None:  # round 0, so a run that fails early still has a good checkpoint
             checkpoint_now()
+    elif sim.is_main:
+        call_all(hooks, "on_run_start", sim, None)
     from tqdm.auto import tqdm
 
     status = "completed"
@@ -228,8 +241,7 @@ def run(
                     if writer is not None:
                         writer.log(record.metrics)
                 bar.set_postfix(post)
-                if on_round is not None:
-                    on_round(record, sim)
+                call_all(hooks, "on_round_end", record, sim)
                 if write and cfg.checkpoint_every and sim.server_round % cfg.checkpoint_every == 0:
                     checkpoint_now()
                 if sim.agree_to_stop(stop.signal is not None):
@@ -256,6 +268,8 @@ def run(
         checkpoint_now()
     if writer is not None:
         writer.finish(summary, sim.history)
+    if sim.is_main:
+        call_all(hooks, "on_run_end", sim, summary, writer.dir if writer is not None else None)
     if error is not None:
         if isinstance(error, DivergenceError):  # resuming keeps lr, so it would diverge the same way
             kept = (f"; the last good checkpoint is in {writer.dir} for inspection (fednorm run --resume {writer.dir} "

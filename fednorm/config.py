@@ -63,6 +63,11 @@ class ExperimentConfig(BaseModel):
     # --- method -----------------------------------------------------------------------------
     method: str = Field("fedavg", description="federated method (`fednorm list methods`)")
     method_args: dict[str, Any] = Field(default_factory=dict, description="method options, e.g. {weighting: uniform}")
+    buffers: Literal["global", "local", "drop"] | None = Field(
+        None, description="BatchNorm statistics under aggregation: global (averaged), local (kept per client), drop (not "
+        "sent, recomputed by the method); default: the method's (`fednorm list methods --verbose`)")
+    affine: Literal["global", "local", "drop"] | None = Field(
+        None, description="BatchNorm affine weight/bias under aggregation: global, local or drop; default: the method's")
 
     # --- FL optimizers (fednorm.optim: client side FedProx/SCAFFOLD/MOON, server side FedAvgM/FedAdam/FedYogi) ---
     client_opt: str = Field("none", description="client optimizer or objective composed with the method (`fednorm list client_opts`): none, fedprox, scaffold, moon, fedlc, fedrs, feddecorr")
@@ -221,6 +226,8 @@ class ExperimentConfig(BaseModel):
     # --- run --------------------------------------------------------------------------------
     seed: int = Field(0, ge=0, description="seed of every random choice (partition, init, sampling, batches)")
     out: str | None = Field(None, description="run directory (default: runs/<method>-<norm>-<dataset>-<time>)")
+    log: list[str] = Field(default_factory=list, description="loggers that follow the run: tensorboard, mlflow, wandb (comma-separated; fednorm/tracking)")
+    log_args: dict[str, Any] = Field(default_factory=dict, description="options per logger, e.g. {mlflow: {tracking_uri: http://host:5000}}")
     executor: Literal["auto", "sequential", "vectorized"] = Field(
         "auto",
         description="how a round's clients run: one after another, or together as a client dimension "
@@ -282,6 +289,20 @@ class ExperimentConfig(BaseModel):
     def _seed_range(cls, value: int) -> int:
         if value >= 2**63:
             raise ValueError(f"must be below 2**63, got {value}")
+        return value
+
+    @field_validator("log", mode="before")
+    @classmethod
+    def _log_names(cls, value: Any) -> Any:
+        from .tracking import LOGGERS  # names only: no logger package is imported
+
+        if isinstance(value, str):  # "tensorboard,mlflow"
+            value = value.split(",")
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = [v.strip().lower() for v in value if v.strip()]
+            bad = [v for v in value if v not in LOGGERS]
+            if bad:
+                raise ValueError(f"unknown logger '{bad[0]}'; choose from {', '.join(LOGGERS)}")
         return value
 
     @field_validator("lr_milestones")

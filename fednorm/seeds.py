@@ -5,6 +5,10 @@ metric (the way FL papers report results).
 run finished is never rerun, an interrupted one continues from its checkpoint. It writes
 ``ROOT/seeds.json`` and ``ROOT/seeds.csv`` (each metric's mean, sample std, min, max and the
 per-seed values) and ``ROOT/accuracy_seeds.png`` (the mean test-accuracy curve with a ±std band).
+
+``compare_seeds`` (``fednorm compare --seeds``) does this for every variant of a comparison,
+``ROOT/<variant>/seed<k>``, and writes one mean ± std table over the variants
+(``results.md``, ``results.csv``, ``results.json``) and their curves with ±std bands.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["SeedStats", "SeedsResult", "run_seeds", "summarize_seeds", "load_run"]
+__all__ = ["SeedStats", "SeedsResult", "SeedsComparison", "run_seeds", "compare_seeds", "summarize_seeds", "load_run",
+           "plot_seed_comparison"]
 
 #: Summary metrics aggregated over seeds (those a run's summary.json has), as fractions.
 METRICS = ("final_test_accuracy", "best_test_accuracy", "last10_mean_test_accuracy", "final_mean_client_accuracy",
@@ -178,15 +183,24 @@ def _write(result: SeedsResult) -> None:
             w.writerow([name, st.mean, st.std, st.min, st.max, *[st.values.get(s, "") for s in seeds]])
 
 
+def mean_std_curve(histories: dict[int, Sequence[dict[str, Any]]], key: str = "test_accuracy"
+                   ) -> tuple[list[int], list[float], list[float]]:
+    """Rounds every seed evaluated, and the mean and sample std (0 for one seed) of ``key`` there."""
+    common = sorted(set.intersection(*[{h["round"] for h in hist} for hist in histories.values()]))
+    per_round = {r: [next(h[key] for h in hist if h["round"] == r) for hist in histories.values()] for r in common}
+    clean = {r: [v for v in vs if v is not None and not math.isnan(v)] for r, vs in per_round.items()}
+    rounds = [r for r in common if clean[r]]
+    means = [statistics.fmean(clean[r]) for r in rounds]
+    stds = [statistics.stdev(clean[r]) if len(clean[r]) > 1 else 0.0 for r in rounds]
+    return rounds, means, stds
+
+
 def plot_seed_curves(histories: dict[int, Sequence[dict[str, Any]]], path: str | Path, title: str = "") -> Path:
     """Mean test accuracy over the seeds against rounds, with a ±std band (rounds every seed evaluated)."""
     from .plotting import _figure
 
-    common = sorted(set.intersection(*[{h["round"] for h in hist} for hist in histories.values()]))
-    per_round = {r: [100 * next(h["test_accuracy"] for h in hist if h["round"] == r) for hist in histories.values()]
-                 for r in common}
-    means = [statistics.fmean(v) for v in per_round.values()]
-    stds = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in per_round.values()]
+    common, means, stds = mean_std_curve(histories)
+    means, stds = [100 * m for m in means], [100 * s for s in stds]
     fig = _figure((7, 4.5))
     ax = fig.subplots()
     ax.plot(common, means, marker=".", label=f"mean of {len(histories)} seed(s)")
@@ -202,3 +216,138 @@ def plot_seed_curves(histories: dict[int, Sequence[dict[str, Any]]], path: str |
     path = Path(path)
     fig.savefig(path, dpi=110)
     return path
+
+
+def plot_seed_comparison(histories: dict[str, dict[int, Sequence[dict[str, Any]]]], path: str | Path, title: str = "") -> Path:
+    """One mean test-accuracy curve per variant, each with its ±std band over the seeds."""
+    from .plotting import _figure
+
+    fig = _figure((7, 4.5))
+    ax = fig.subplots()
+    for label, per_seed in histories.items():
+        if not per_seed:
+            continue
+        rounds, means, stds = mean_std_curve(per_seed)
+        means, stds = [100 * m for m in means], [100 * s for s in stds]
+        (line,) = ax.plot(rounds, means, marker=".", label=label)
+        ax.fill_between(rounds, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
+                        color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%), mean ± std over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+# Columns of the comparison table: (metric, header).
+TABLE = (("final_test_accuracy", "final acc (%)"), ("best_test_accuracy", "best acc (%)"),
+         ("last10_mean_test_accuracy", "last-10 acc (%)"), ("final_mean_client_accuracy", "mean client acc (%)"))
+
+
+@dataclass
+class SeedsComparison:
+    """What :func:`compare_seeds` returns: each variant's :class:`SeedsResult` (its runs under
+    ``root/<variant>/seed<k>``) and the table over them."""
+
+    root: Path
+    seeds: list[int]
+    results: dict[str, SeedsResult]
+    evaluation: dict[str, str] = field(default_factory=dict)
+    not_run: list[str] = field(default_factory=list)
+
+    @property
+    def interrupted(self) -> bool:
+        return any(s.get("status") == "interrupted" for r in self.results.values() for s in r.summaries.values())
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per (variant, metric): mean, sample std, min, max, n and every seed's value."""
+        out = []
+        for label, res in self.results.items():
+            for name, st in res.stats.items():
+                out.append({"variant": label, "metric": name, "mean": st.mean, "std": st.std, "min": st.min,
+                            "max": st.max, "n": len(st.values),
+                            **{f"seed{s}": st.values.get(s) for s in self.seeds}})
+        return out
+
+    def markdown(self) -> str:
+        """The table: mean ± std (in %) of the final, best, last-10 and mean per-client accuracy."""
+        head = "| variant | evaluated | seeds | " + " | ".join(h for _, h in TABLE) + " |"
+        lines = [head, "|---|---|---:|" + "---:|" * len(TABLE)]
+        for label, res in self.results.items():
+            cells = []
+            for name, _ in TABLE:
+                st = res.stats.get(name)
+                cells.append("n/a" if st is None else f"{100 * st.mean:.2f} ± {100 * st.std:.2f}")
+            n = len([s for s in res.summaries.values() if s.get("status") == "completed"])
+            lines.append(f"| {label} | {self.evaluation.get(label, '')} | {n} | " + " | ".join(cells) + " |")
+        lines.append(f"\nMean ± sample std over seeds {', '.join(map(str, self.seeds))}.")
+        if self.not_run:
+            lines.append(f"Not run (stopped): {', '.join(self.not_run)}.")
+        return "\n".join(lines)
+
+    def write(self) -> None:
+        """``results.md``, ``results.csv`` (one row per variant and metric), ``results.json``."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "results.md").write_text(self.markdown() + "\n")
+        rows = self.rows()
+        with open(self.root / "results.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=["variant", "metric", "mean", "std", "min", "max", "n",
+                                               *[f"seed{s}" for s in self.seeds]])
+            w.writeheader()
+            w.writerows(rows)
+        payload = {"seeds": self.seeds,
+                   "variants": {label: {"dir": str(res.root), "evaluation": self.evaluation.get(label),
+                                        "runs": {str(s): str(d) for s, d in res.runs.items()},
+                                        "metrics": {name: {"mean": st.mean, "std": st.std, "min": st.min, "max": st.max,
+                                                           "values": {str(s): v for s, v in st.values.items()}}
+                                                    for name, st in res.stats.items()}}
+                                for label, res in self.results.items()},
+                   "not_run": self.not_run}
+        (self.root / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def compare_seeds(
+    planned: Sequence[tuple[str, Any]],
+    seeds: Iterable[int],
+    root: str | Path,
+    *,
+    plot: bool = True,
+    title: str = "",
+    **run_kwargs: Any,
+) -> SeedsComparison:
+    """Run every variant once per seed, ``root/<variant>/seed<k>``, and tabulate mean ± std.
+
+    Args:
+        planned: ``(label, config)`` pairs, as :func:`fednorm.api.plan_variants` returns them
+            (each config's ``out`` is the variant's folder).
+        seeds: the seeds.
+        root: the comparison's folder (``results.md``, ``results.csv``, ``results.json``,
+            ``accuracy.png``).
+        run_kwargs: passed to :func:`run_seeds` (``progress``, ``on_round``, ...).
+
+    Finished seeds are kept (rerunning continues where it stopped); an interrupted variant stops
+    the comparison, with the variants not yet run listed in ``not_run``.
+    """
+    from .methods import METHODS
+
+    root = Path(root)
+    seeds = list(dict.fromkeys(int(s) for s in seeds))
+    comparison = SeedsComparison(root=root, seeds=seeds, results={})
+    for i, (label, cfg) in enumerate(planned):
+        res = run_seeds(cfg, seeds, Path(cfg.out), plot=plot, **run_kwargs)
+        comparison.results[label] = res
+        personalized = getattr(METHODS.get_builder(cfg.method), "personalized", False)
+        comparison.evaluation[label] = "per client" if personalized else "global"
+        if any(s.get("status") == "interrupted" for s in res.summaries.values()):
+            comparison.not_run = [lab for lab, _ in planned[i + 1:]]
+            break
+    comparison.write()
+    if plot and comparison.results:
+        plot_seed_comparison({label: r.histories for label, r in comparison.results.items()}, root / "accuracy.png",
+                             title=title)
+    return comparison

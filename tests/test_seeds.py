@@ -90,3 +90,50 @@ def test_cli_num_seeds_prints_mean_and_std_and_keeps_finished_seeds(tmp_path: Pa
     assert main(argv) == 0
     assert "kept the finished seed(s) 7, 8" in capsys.readouterr().out
     assert main([*argv[:-2], "--resume", str(tmp_path / "x")]) == 2
+
+
+def test_compare_over_seeds_tabulates_each_variant_mean_and_std(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "cmp"
+    argv = ["compare", "--seeds", "0,1", "--methods", "fedavg,fedbn", "--dataset", "digits", "--num-clients", "3",
+            "--rounds", "2", "--batch-size", "32", "--eval-every", "1", "--threads", "1", "--quiet", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["seeds"] == [0, 1] and list(saved["variants"]) == ["fedavg+bn", "fedbn+bn"]
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    for label, folder in (("fedavg+bn", "fedavg_bn"), ("fedbn+bn", "fedbn_bn")):
+        finals = [load_run(out / folder / f"seed{s}")[0]["final_test_accuracy"] for s in (0, 1)]
+        got = saved["variants"][label]["metrics"]["final_test_accuracy"]
+        assert got["mean"] == pytest.approx(statistics.fmean(finals))
+        assert got["std"] == pytest.approx(statistics.stdev(finals)) and got["std"] > 0
+        row = next(r for r in rows if r["variant"] == label and r["metric"] == "final_test_accuracy")
+        assert float(row["seed0"]) == pytest.approx(finals[0]) and row["n"] == "2"
+        cell = f"{100 * statistics.fmean(finals):.2f} ± {100 * statistics.stdev(finals):.2f}"
+        assert cell in printed and cell in (out / "results.md").read_text()
+    assert "| fedbn+bn | per client | 2 |" in printed
+    assert (out / "accuracy.png").stat().st_size > 0
+    # rerunning keeps every finished seed
+    stamp = (out / "fedbn_bn" / "seed1" / "summary.json").stat().st_mtime_ns
+    assert main(argv) == 0
+    assert (out / "fedbn_bn" / "seed1" / "summary.json").stat().st_mtime_ns == stamp
+
+
+def test_mean_std_curve_uses_the_rounds_every_seed_evaluated() -> None:
+    from fednorm.seeds import mean_std_curve
+
+    hist = {0: [{"round": 1, "test_accuracy": 0.2}, {"round": 2, "test_accuracy": 0.4}],
+            1: [{"round": 2, "test_accuracy": 0.6}, {"round": 3, "test_accuracy": 0.9}]}
+    rounds, means, stds = mean_std_curve(hist)
+    assert rounds == [2] and means == pytest.approx([0.5]) and stds == pytest.approx([statistics.stdev([0.4, 0.6])])
+
+
+def test_the_overall_bar_counts_every_round_of_every_seed(tmp_path: Path) -> None:
+    import io
+
+    from fednorm.cli.progress import OverallBar
+
+    out = io.StringIO()
+    bar = OverallBar(runs=2, rounds=2, file=out)
+    run_seeds(ExperimentConfig(**TINY), [0, 1], tmp_path, progress=False, on_round=bar, plot=False)
+    assert bar.bar.n == bar.bar.total == 4 and "run 2/2: fedavg+bn seed 1" in out.getvalue()
+    bar.close()

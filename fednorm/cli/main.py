@@ -115,6 +115,9 @@ def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = (
             kwargs["metavar"] = "BOOL"
         elif origin is typing.Literal:
             kwargs["choices"] = list(args)
+        elif origin is list and args == (str,):
+            kwargs["type"] = _split
+            kwargs["metavar"] = "NAME,NAME,..."
         elif origin is list:
             kwargs["type"] = _int_list
             kwargs["metavar"] = "N,N,..."
@@ -192,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_cmp.add_argument("--variants", help="explicit variants 'method:norm,method:norm' (overrides --methods/--norms)")
     p_cmp.add_argument("--overwrite", action="store_true", help="write into an --out directory that holds an earlier comparison (its run files are deleted)")
     p_cmp.add_argument("--quiet", action="store_true", help="no progress bars or progress lines")
+    cmp_seeds = p_cmp.add_mutually_exclusive_group()
+    cmp_seeds.add_argument("--seeds", metavar="S,S,...", help="run every variant once per seed in OUT/<variant>/seed<k> and "
+                           "tabulate mean ± std (results.md/.csv/.json, accuracy.png with ±std bands); rerunning keeps "
+                           "finished seeds")
+    cmp_seeds.add_argument("--num-seeds", type=int, metavar="N", help="--seeds SEED, SEED+1, ..., SEED+N-1 (SEED: --seed)")
     _add_config_options(p_cmp, defaults={**QUICKSTART, "out": "runs/compare-<dataset>-<time>"})
 
     p_part = sub.add_parser("partition", help="print and plot the per-client label histogram of a partition")
@@ -243,9 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
     from .reproduce import add_parser as add_reproduce_parser  # fednorm reproduce <paper> (fednorm/cli/reproduce.py)
 
     add_reproduce_parser(sub)
+    from ..report.cli import add_parser as add_report_parser  # fednorm report RUN_DIR... (fednorm/report)
+
+    add_report_parser(sub)
 
     p_list = sub.add_parser("list", help="list methods, norms, models, datasets and partitions")
     p_list.add_argument("what", nargs="?", choices=["methods", "norms", "models", "datasets", "partitions", "client_opts", "server_opts", "aggregators", "attacks"], help="one registry (default: all)")
+    p_list.add_argument("--verbose", action="store_true", help="methods: a line each, with where BatchNorm buffers and "
+                        "affine parameters go (--buffers, --affine: default and supported settings)")
     return parser
 
 
@@ -390,17 +403,7 @@ def _run_seeds_command(args: argparse.Namespace) -> int:
         raise ConfigError("--seeds keeps finished seeds and resumes an interrupted one by itself: rerun the same "
                           "command (without --resume/--overwrite), or pick a new --out")
     cfg, _ = _resolve_threads(_config_from(args))
-    if args.num_seeds is not None:
-        if args.num_seeds < 1:
-            raise ConfigError(f"--num-seeds must be at least 1, got {args.num_seeds}")
-        seeds = [cfg.seed + i for i in range(args.num_seeds)]
-    else:
-        try:
-            seeds = [int(t) for t in _split(args.seeds)]
-        except ValueError:
-            raise ConfigError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
-        if not seeds:
-            raise ConfigError("--seeds needs at least one seed")
+    seeds = _seed_list(args, cfg.seed)
     root = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     rundir.check_writable(root)
     if rundir.holds_run(root):
@@ -408,10 +411,13 @@ def _run_seeds_command(args: argparse.Namespace) -> int:
     progress = False if args.quiet else None
     on_round = None
     if progress is None:
-        from .progress import ProgressLines, wants_lines
+        from .progress import OverallBar, ProgressLines, wants_lines
 
-        on_round = ProgressLines() if wants_lines() else None
-    result = run_seeds(cfg, seeds, root, progress=progress, on_round=on_round)
+        on_round = ProgressLines() if wants_lines() else OverallBar(len(seeds), cfg.rounds, desc="all seeds")
+    try:
+        result = run_seeds(cfg, seeds, root, progress=progress, on_round=on_round)
+    finally:
+        getattr(on_round, "close", lambda: None)()
     if result.reused:
         print(f"kept the finished seed(s) {', '.join(map(str, result.reused))}")
     statuses = [s.get("status") for s in result.summaries.values()]
@@ -420,6 +426,21 @@ def _run_seeds_command(args: argparse.Namespace) -> int:
         return 130
     print(result.table())
     return 0
+
+
+def _seed_list(args: argparse.Namespace, first: int) -> list[int]:
+    """The seeds of ``--seeds S,S,...`` or ``--num-seeds N`` (from ``first``)."""
+    if args.num_seeds is not None:
+        if args.num_seeds < 1:
+            raise ConfigError(f"--num-seeds must be at least 1, got {args.num_seeds}")
+        return [first + i for i in range(args.num_seeds)]
+    try:
+        seeds = [int(t) for t in _split(args.seeds)]
+    except ValueError:
+        raise ConfigError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
+    if not seeds:
+        raise ConfigError("--seeds needs at least one seed")
+    return seeds
 
 
 def _cmd_launch(args: argparse.Namespace, forwarded: list[str]) -> int:
@@ -500,6 +521,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         out = Path("runs") / f"compare-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
         out = rundir.next_free(out) if out.exists() else out
     rundir.check_writable(out)
+    if args.seeds is not None or args.num_seeds is not None:  # one run per variant and seed (fednorm/seeds.py)
+        return _compare_seeds_command(args, cfg, variants, out)
     earlier = rundir.holds_comparison(out)
     if earlier and not args.overwrite:
         raise ConfigError(f"{out} already holds a comparison; start it again with --overwrite or pass another --out")
@@ -514,21 +537,55 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         print(f"--overwrite: deleted the earlier comparison in {out}", flush=True)
     on_round = None
     if not args.quiet:
-        from .progress import ProgressLines, wants_lines
+        from .progress import OverallBar, ProgressLines, wants_lines
 
-        on_round = ProgressLines(variants=len(variants)) if wants_lines() else None
+        on_round = ProgressLines(variants=len(variants)) if wants_lines() else OverallBar(len(variants), cfg.rounds)
     print(
         f"comparing {len(variants)} variants on {cfg.dataset} ({cfg.partition}, {cfg.num_clients} clients, "
         f"{cfg.rounds} rounds, seed {cfg.seed}, {cfg.threads} torch thread{'s' if cfg.threads != 1 else ''}: {why}) -> {out}",
         flush=True,
     )
     result = compare(cfg, variants=variants, out=out, progress=False if args.quiet else None, on_round=on_round)
+    getattr(on_round, "close", lambda: None)()
     print(result.markdown())
     if result.results:
         print(f"\n{result.headline()}")
     print(f"\ntable: {out / 'results.md'}  csv: {out / 'results.csv'}" + (f"  plot: {out / 'accuracy.png'}" if result.results else ""))
     if result.stop_signal is not None:
         return exit_code_for_signal(result.stop_signal)
+    return 0
+
+
+def _compare_seeds_command(args: argparse.Namespace, cfg: ExperimentConfig, variants: list[dict[str, Any]], out: Path) -> int:
+    """``fednorm compare --seeds``: every variant once per seed, a mean ± std table."""
+    from ..api import plan_variants
+    from ..seeds import compare_seeds
+
+    if args.overwrite:
+        raise ConfigError("--seeds keeps finished seeds by itself: rerun the same command without --overwrite, or pick a new --out")
+    seeds = _seed_list(args, cfg.seed)
+    cfg, why = _resolve_threads(cfg.model_copy(update={"out": None}))
+    planned = plan_variants(cfg, variants, out)  # every variant valid before anything trains
+    on_round = None
+    if not args.quiet:
+        from .progress import OverallBar, ProgressLines, wants_lines
+
+        runs = len(planned) * len(seeds)
+        on_round = ProgressLines(variants=runs) if wants_lines() else OverallBar(runs, cfg.rounds)
+    print(f"comparing {len(planned)} variants x {len(seeds)} seeds ({', '.join(map(str, seeds))}) on {cfg.dataset} "
+          f"({cfg.partition}, {cfg.num_clients} clients, {cfg.rounds} rounds, {cfg.threads} torch "
+          f"thread{'s' if cfg.threads != 1 else ''}: {why}) -> {out}", flush=True)
+    try:
+        result = compare_seeds(planned, seeds, out, progress=False if args.quiet else None, on_round=on_round,
+                               title=f"{cfg.dataset}, {cfg.partition}, {cfg.num_clients} clients, {len(seeds)} seeds")
+    finally:
+        getattr(on_round, "close", lambda: None)()
+    print(result.markdown())
+    print(f"\ntable: {out / 'results.md'}  csv: {out / 'results.csv'}  json: {out / 'results.json'}"
+          + (f"  plot: {out / 'accuracy.png'}" if result.results else ""))
+    if result.interrupted:
+        print(f"interrupted; finished seeds are kept: run the same command again to continue ({out})")
+        return 130
     return 0
 
 
@@ -600,6 +657,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
     }
     for what, names in listing.items():
         if args.what in (None, what):
+            if what == "methods" and args.verbose:
+                from ..methods.policy import describe_methods
+
+                print("methods (buffers/affine: global = sent and combined, local = kept per client, drop = not sent, "
+                      "recomputed by the method):")
+                print("\n".join("  " + line for line in describe_methods()))
+                continue
             print(f"{what}: {', '.join(names)}")
     return 0
 
@@ -633,6 +697,12 @@ def _cmd_reproduce(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .reproduce import command
 
     return command(args, argv)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from ..report.cli import command
+
+    return command(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -671,7 +741,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
             return EXIT_BAD_INPUT
     handler = {"run": _cmd_run, "compare": lambda a: _keeping_threads(_cmd_compare, a), "partition": _cmd_partition, "list": _cmd_list,
                "analyze": _cmd_analyze, "flower-app": _cmd_flower_app,
-               "adapt": _cmd_adapt, "reproduce": lambda a: _cmd_reproduce(a, argv)}[args.command]
+               "adapt": _cmd_adapt, "reproduce": lambda a: _cmd_reproduce(a, argv), "report": _cmd_report}[args.command]
     try:
         return handler(args)
     except FednormError as exc:

@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from ..tracking.callback import Callback
+
 __all__ = ["ProgressLines", "format_seconds", "wants_lines"]
 
 
@@ -35,8 +37,8 @@ def wants_lines(stream: TextIO | None = None) -> bool:
         return True
 
 
-class ProgressLines:
-    """An ``on_round`` callback for :func:`fednorm.api.run` / :func:`fednorm.api.compare`.
+class ProgressLines(Callback):
+    """A round-loop callback (:class:`fednorm.tracking.Callback`) for :func:`fednorm.api.run` / :func:`fednorm.api.compare`.
 
     Args:
         stream: where to print (default: stdout at call time).
@@ -51,7 +53,7 @@ class ProgressLines:
         self._t0 = 0.0
         self._r0 = 0
 
-    def __call__(self, record: Any, sim: Any) -> None:
+    def on_round_end(self, record: Any, sim: Any) -> None:
         now = time.perf_counter()
         if sim is not self._sim:  # a new run: its clock starts at the beginning of this first round
             self._sim, self._index = sim, self._index + 1
@@ -71,3 +73,33 @@ class ProgressLines:
                 f"elapsed {format_seconds(elapsed)}, ETA {format_seconds(eta)}")
         stream = self.stream or sys.stdout
         print(line, file=stream, flush=True)
+
+
+class OverallBar(Callback):
+    """On a terminal, one bar over every run of ``fednorm compare`` or a multi-seed run (rounds
+    of all runs together), above each run's own bar.
+
+    Args:
+        runs: how many runs will report.
+        rounds: rounds per run.
+        file: where the bar goes (default: tqdm's, stderr).
+    """
+
+    def __init__(self, runs: int, rounds: int, file: TextIO | None = None, desc: str = "all runs") -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=runs * rounds, desc=desc, unit="round", position=0, file=file, leave=True)
+        self._runs = 0
+        self.runs = runs
+
+    def on_run_start(self, sim: Any, run_dir: Any) -> None:
+        self._runs += 1
+        self.bar.set_postfix_str(f"run {self._runs}/{self.runs}: {sim.config.method}+{sim.config.norm} seed {sim.config.seed}")
+        if sim.server_round:  # a resumed run: its finished rounds count as done
+            self.bar.update(sim.server_round)
+
+    def on_round_end(self, record: Any, sim: Any) -> None:
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()

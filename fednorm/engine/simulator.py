@@ -381,10 +381,11 @@ class Simulation:
             self.global_state[key] = value
         answered = len(updates) + sum(1 for e in events if e["kind"] in ("straggler", "deadline", "non_finite_update"))
         shared_bytes = tensor_bytes(self.global_state, self.method.shared_keys)
+        down_bytes = tensor_bytes(self.global_state, self.method.broadcast_keys)  # + the recomputed (dropped) statistics
         extra_up, extra_down = self.method.extra_bytes_per_client(self.model)
         traffic, self._last_traffic = self._last_traffic, CommTraffic()
-        self.downlink_bytes += (shared_bytes + extra_down) * len(clients) + traffic.downlink_bytes
-        self.downlink_bytes_broadcast += shared_bytes + extra_down + traffic.broadcast_bytes
+        self.downlink_bytes += (down_bytes + extra_down) * len(clients) + traffic.downlink_bytes
+        self.downlink_bytes_broadcast += down_bytes + extra_down + traffic.broadcast_bytes
         self.uplink_bytes += (
             shared_bytes + extra_up + sum(t[0].numel() * t.element_size() for t in updates.extras.values())
         ) * answered + traffic.uplink_bytes

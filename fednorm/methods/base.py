@@ -17,6 +17,7 @@ from torch import nn
 
 from ..errors import InconsistentUpdateError
 from ..nn.state import state_keys
+from .policy import NormPolicy, resolve_policy
 
 __all__ = [
     "ClientContext", "ClientUpdates", "Method", "ServerView", "StackedClientContext", "stack_rows", "weighted_average",
@@ -238,11 +239,18 @@ class Method:
     train_augmentation: int | None = None
     personalized: ClassVar[bool] = False
     requires_lockstep: ClassVar[bool] = False
+    # The normalization policy (fednorm.methods.policy): where BatchNorm buffers and affine
+    # parameters go by default, and which settings of --buffers / --affine the method supports.
+    default_policy: ClassVar[NormPolicy] = NormPolicy("global", "global")
+    allowed_buffers: ClassVar[tuple[str, ...]] = ("global", "local")
+    allowed_affine: ClassVar[tuple[str, ...]] = ("global", "local")
 
     def __init__(self) -> None:
         self.state_keys: list[str] = []
         self.local_keys: set[str] = set()
         self.shared_keys: list[str] = []
+        self.dropped_keys: list[str] = []  # neither sent nor kept per client: the server recomputes them
+        self.policy: NormPolicy = self.default_policy
         self.stat_keys: dict[str, list[str]] = {"mean": [], "var": []}
         # The server's aggregation rules (fednorm.robust.Aggregator) for model updates and for
         # normalization statistics; None or a plain mean is FedAvg's weighted mean. The simulator
@@ -256,11 +264,22 @@ class Method:
         return any(a is not None and not a.is_mean for a in (self.aggregator, self.stats_aggregator))
 
     # -- model policy -----------------------------------------------------------------------
+    def set_policy(self, buffers: str | None = None, affine: str | None = None) -> None:
+        """Apply ``--buffers`` / ``--affine`` (None: the method's default); a setting the method
+        does not support is a ConfigError. A local setting makes the evaluation per client."""
+        self.policy = resolve_policy(self.name, self.default_policy, self.allowed_buffers, self.allowed_affine, buffers, affine)
+        if "local" in (self.policy.buffers, self.policy.affine):
+            self.personalized = True  # type: ignore[misc]  # the clients' models differ: no single global model
+
     def setup(self, model: nn.Module) -> None:
-        """Inspect the model once, before round 1, and fix the shared/local split."""
+        """Inspect the model once, before round 1, and fix the shared/local/dropped split: the
+        normalization policy's local keys plus the method's own (:meth:`select_local_keys`)
+        stay local, its dropped keys are neither sent nor kept, the rest is shared."""
         self.state_keys = list(model.state_dict().keys())
-        self.local_keys = set(self.select_local_keys(model))
-        self.shared_keys = [k for k in self.state_keys if k not in self.local_keys]
+        self.local_keys = set(self.select_local_keys(model)) | self.policy.keys(model, "local")
+        dropped = self.policy.keys(model, "drop") - self.local_keys
+        self.dropped_keys = [k for k in self.state_keys if k in dropped]
+        self.shared_keys = [k for k in self.state_keys if k not in self.local_keys and k not in dropped]
         shared = set(self.shared_keys)
         bn = lambda m: isinstance(m, nn.modules.batchnorm._BatchNorm)  # noqa: E731
         self.stat_keys = {
@@ -276,8 +295,14 @@ class Method:
         return self.stat_keys
 
     def select_local_keys(self, model: nn.Module) -> set[str]:
-        """State-dict keys that never leave a client (select by module type)."""
+        """State-dict keys that never leave a client besides the normalization policy's (select
+        by module type; e.g. HBN's mixing logits)."""
         return set()
+
+    @property
+    def broadcast_keys(self) -> list[str]:
+        """The keys every client downloads: the shared ones and the server-recomputed (dropped) ones."""
+        return [k for k in self.state_keys if k not in self.local_keys]
 
     def initial_client_state(self, client_id: int, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A client's local tensors before its first round (default: the global initialisation)."""

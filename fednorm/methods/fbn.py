@@ -71,6 +71,7 @@ from ..nn.functional import pooled_stats
 from ..nn.stacked import attach_stacked_fbn_recorders, detach_stacked_fbn_recorders
 from .base import ClientContext, ClientUpdates, ServerView, StackedClientContext
 from .fedavg import FedAvg, aggregate_group
+from .policy import NormPolicy
 from .registry import register_method
 
 __all__ = ["FBN", "corrected_variance"]
@@ -117,6 +118,9 @@ class FBN(FedAvg):
     """
 
     name = "fbn"
+    default_policy = NormPolicy("drop", "global")  # statistics come from the clients' per-step uploads (Eq. 9-10)
+    allowed_buffers = ("drop",)
+    allowed_affine = ("global",)
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..nn.state import batch_norm_keys
 from .fedavg import FedAvg
+from .policy import NormPolicy
 from .registry import register_method
 
 __all__ = ["FedBN", "SiloBN"]
@@ -33,19 +34,20 @@ class FedBN(FedAvg):
 
     name = "fedbn"
     personalized = True
-    local_which: Literal["all", "buffers"] = "all"
+    default_policy = NormPolicy("local", "local")
+    allowed_buffers = ("local",)  # averaging the statistics is what FedBN exists to avoid
+    allowed_affine = ("local", "global")  # global affine: SiloBN
 
     def __init__(self, weighting: Literal["num_examples", "uniform"] = "uniform") -> None:
         super().__init__(weighting=weighting)
 
-    def select_local_keys(self, model: nn.Module) -> set[str]:
-        keys = batch_norm_keys(model, which=self.local_which)
-        if not keys:
+    def setup(self, model: nn.Module) -> None:
+        if not batch_norm_keys(model):
             warnings.warn(
                 f"{self.name}: the model has no BatchNorm layers, so nothing stays local and this equals FedAvg",
                 stacklevel=3,
             )
-        return keys
+        super().setup(model)
 
 
 @register_method("silobn")
@@ -53,4 +55,4 @@ class SiloBN(FedBN):
     """FedAvg that keeps only BatchNorm statistics local; affine parameters are averaged (SiloBN)."""
 
     name = "silobn"
-    local_which = "buffers"
+    default_policy = NormPolicy("local", "global")

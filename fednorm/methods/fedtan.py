@@ -45,6 +45,7 @@ from ..errors import ConfigError
 from ..nn.norms import is_batch_norm
 from .base import ClientUpdates
 from .fedavg import FedAvg
+from .policy import NormPolicy
 from .registry import register_method
 
 __all__ = ["FedTAN", "FedTANForward", "batch_norm_layers"]
@@ -68,6 +69,9 @@ class FedTAN(FedAvg):
     """
 
     name = "fedtan"
+    default_policy = NormPolicy("global", "global")
+    allowed_buffers = ("global",)  # the synced first step and the averaged statistics are the method
+    allowed_affine = ("global",)
     requires_lockstep = True
     backward_sync = True
 

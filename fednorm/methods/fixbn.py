@@ -21,6 +21,7 @@ from ..nn.state import state_keys
 from ..nn.stacked import set_frozen_statistics
 from .base import ClientContext, ClientUpdates, StackedClientContext
 from .fedavg import FedAvg
+from .policy import NormPolicy
 from .registry import register_method
 
 __all__ = ["FixBN"]
@@ -37,6 +38,9 @@ class FixBN(FedAvg):
     """
 
     name = "fixbn"
+    default_policy = NormPolicy("global", "global")
+    allowed_buffers = ("global",)  # averaged, then frozen after switch_round
+    allowed_affine = ("global",)
 
     def __init__(self, switch_round: int | None = None, weighting: Literal["num_examples", "uniform"] = "uniform") -> None:
         super().__init__(weighting=weighting)

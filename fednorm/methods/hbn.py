@@ -47,6 +47,7 @@ from ..nn.state import state_keys
 from ..rng import torch_generator
 from .base import ClientContext, ClientUpdates, ServerView, StackedClientContext
 from .fedavg import FedAvg
+from .policy import NormPolicy
 from .registry import register_method
 
 __all__ = ["HBN"]
@@ -100,6 +101,9 @@ class HBN(FedAvg):
     """
 
     name = "hbn"
+    default_policy = NormPolicy("drop", "global")  # the global statistics come from the pooled statistics pass (Eq. 8, 11)
+    allowed_buffers = ("drop",)
+    allowed_affine = ("global",)
     PRESETS: dict[str, dict[str, Any]] = {
         "paper": dict(stats_momentum=0.01, stats_samples="all", stats_max_samples=None, upload="local",
                       alpha_mode="local", stats_init="zeros_ones", initial_pass=False,

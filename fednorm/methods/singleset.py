@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .base import ClientUpdates, Method
+from .policy import NormPolicy
 from .registry import register_method
 
 __all__ = ["SingleSet"]
@@ -26,6 +27,9 @@ class SingleSet(Method):
 
     name = "singleset"
     personalized = True
+    default_policy = NormPolicy("local", "local")  # nothing is sent at all
+    allowed_buffers = ("local",)
+    allowed_affine = ("local",)
 
     def select_local_keys(self, model: nn.Module) -> set[str]:
         return set(model.state_dict().keys())

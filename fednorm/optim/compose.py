@@ -60,6 +60,8 @@ class OptimizedMethod(Method):
         self.state_keys = list(self.inner.state_keys)
         self.local_keys = set(self.inner.local_keys)
         self.shared_keys = list(self.inner.shared_keys)
+        self.dropped_keys = list(self.inner.dropped_keys)
+        self.policy = self.inner.policy
         params = {n for n, _ in model.named_parameters()}
         self.param_keys = [k for k in self.shared_keys if k in params]
         self.client_opt.setup(model, self.inner, self.num_clients, self.local_momentum)
@@ -250,6 +252,7 @@ def compose(
 def build_method(config: "ExperimentConfig") -> Method:
     """The method of an experiment: ``method`` with ``client_opt`` and ``server_opt`` (and their args)."""
     method = get_method(config.method, **config.method_args)
+    method.set_policy(config.buffers, config.affine)  # --buffers / --affine (fednorm/methods/policy.py)
     return compose(
         method,
         get_client_optimizer(config.client_opt, **config.client_opt_args),

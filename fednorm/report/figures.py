@@ -1,0 +1,108 @@
+"""The report's figures, as PNG files beside ``report.md`` (``report.html`` embeds the same files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..plotting import _figure, plot_histogram
+from ..seeds import plot_seed_comparison
+from .collect import Variant
+
+__all__ = ["Figure", "curve_figures", "domain_figure", "partition_figures"]
+
+MAX_PARTITIONS = 4  # label-distribution plots per report (a compare over 3 seeds has 3 partitions)
+
+
+class Figure:
+    """A figure file and its caption."""
+
+    def __init__(self, path: Path, caption: str) -> None:
+        self.path, self.caption = path, caption
+
+
+def _setting(config: dict[str, Any]) -> str:
+    """The data a variant trains on (one curve figure each): dataset, partition and its skew, clients."""
+    skew = {"dirichlet": f" alpha={config.get('alpha')}", "quantity": f" alpha={config.get('alpha')}",
+            "classes": f" {config.get('classes_per_client')} classes/client", "gamma": f" gamma={config.get('gamma')}"}
+    part = str(config.get("partition"))
+    return f"{config.get('dataset')}, {part}{skew.get(part, '')}, {config.get('num_clients')} clients"
+
+
+def curve_figures(variants: list[Variant], out: Path) -> list[Figure]:
+    """Test accuracy against rounds, mean ± std over each variant's completed runs; one figure
+    per setting (dataset, partition, clients)."""
+    by_setting: dict[str, list[Variant]] = {}
+    for v in variants:
+        if any(r.history for r in v.completed):
+            by_setting.setdefault(_setting(v.config), []).append(v)
+    figures = []
+    for i, (setting, group) in enumerate(by_setting.items()):
+        path = out / f"curves_{i}.png"
+        histories = {v.label: {j: r.history for j, r in enumerate(v.completed) if r.history} for v in group}
+        plot_seed_comparison(histories, path, title=setting)
+        n = sorted({len(h) for h in histories.values()})
+        runs = f"{n[0]}" if len(n) == 1 else f"{n[0]}–{n[-1]}"
+        figures.append(Figure(path, f"Test accuracy per round on {setting}: mean over {runs} run(s) per variant, "
+                                    "band ± sample std."))
+    return figures
+
+
+def domain_figure(variants: list[Variant], out: Path) -> Figure | None:
+    """Grouped bars: each variant's final accuracy per data source (feature-shift runs), ± std."""
+    rows = [(v, {k[len("final_accuracy["):-1]: st for k, st in v.stats.items() if k.startswith("final_accuracy[")})
+            for v in variants]
+    rows = [(v, d) for v, d in rows if d]
+    if not rows:
+        return None
+    sources = sorted({s for _, d in rows for s in d})
+    fig = _figure((max(6.0, 1.1 * len(sources) * max(1, len(rows)) / 2 + 3), 4.5))
+    ax = fig.subplots()
+    width = 0.8 / len(rows)
+    x = np.arange(len(sources))
+    for i, (v, d) in enumerate(rows):
+        means = [100 * d[s].mean if s in d else np.nan for s in sources]
+        stds = [100 * d[s].std if s in d else 0.0 for s in sources]
+        ax.bar(x + (i - (len(rows) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=v.label)
+    ax.set_xticks(x, sources)
+    ax.set_ylabel("final accuracy (%), clients' own test splits")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "domains.png"
+    fig.savefig(path, dpi=110)
+    return Figure(path, "Final accuracy per data source: the mean over the source's clients' own test accuracies, "
+                        "mean ± std over runs.")
+
+
+def partition_figures(variants: list[Variant], out: Path) -> list[Figure]:
+    """Each distinct partition's per-client label counts (from the runs' ``partition.json``)."""
+    seen: dict[str, list[str]] = {}
+    records: dict[str, dict[str, Any]] = {}
+    for v in variants:
+        for r in v.runs:
+            if r.partition is None:
+                continue
+            key = repr((r.partition.get("dataset"), r.partition.get("train_label_counts")))
+            records.setdefault(key, r.partition)
+            if v.label not in seen.setdefault(key, []):
+                seen[key].append(v.label)
+    figures = []
+    for i, (key, rec) in enumerate(list(records.items())[:MAX_PARTITIONS]):
+        path = out / f"partition_{i}.png"
+        cfg = next(r.config for v in variants for r in v.runs if r.partition is not None
+                   and repr((r.partition.get("dataset"), r.partition.get("train_label_counts"))) == key)
+        detail = {"dirichlet": f"alpha={cfg.get('alpha')}", "classes": f"{cfg.get('classes_per_client')} classes per client",
+                  "gamma": f"gamma={cfg.get('gamma')}"}.get(str(rec.get("partition")), "")
+        title = f"{rec.get('dataset')}: {rec.get('partition')} {detail}, seed {rec.get('seed')}".replace("  ", " ")
+        plot_histogram(np.asarray(rec["train_label_counts"]), path, title=title)
+        used = seen[key]
+        users = ", ".join(used[:6]) + (f" and {len(used) - 6} more" if len(used) > 6 else "")
+        sources = rec.get("client_sources")
+        src = f" Clients' sources: {', '.join(f'{c}={s}' for c, s in enumerate(sources))}." if sources else ""
+        figures.append(Figure(path, f"Training labels per client, {title} (used by {users}).{src}"))
+    if len(records) > MAX_PARTITIONS:
+        figures[-1].caption += f" {len(records) - MAX_PARTITIONS} more partition(s) not shown."
+    return figures
