@@ -59,11 +59,14 @@ def test_overwrite_starts_again_and_removes_the_old_run_files(tmp_path, capsys):
     assert _run(out, "--quiet", rounds=3) == 0
     (out / "analysis.json").write_text("{}")  # written by `fednorm analyze` for the old model
     (out / "notes.txt").write_text("mine")  # not fednorm's: kept
+    (out / "tensorboard").mkdir()  # an earlier run's logger folder: its events would mix with the new run's
+    (out / "tensorboard" / "events.out.tfevents.1").write_bytes(b"old")
     assert _run(out, "--quiet", "--overwrite") == 0
     assert "deleted the earlier run" in capsys.readouterr().out
     assert json.loads((out / "summary.json").read_text())["rounds"] == 2
     assert [r["round"] for r in read_metrics(out)] == [1, 2]
     assert not (out / "analysis.json").exists() and (out / "notes.txt").read_text() == "mine"
+    assert not (out / "tensorboard").exists()
     assert load_latest(out)["server_round"] == 2
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -19,6 +20,8 @@ __all__ = ["RUN_FILES", "holds_run", "describe_run", "check_writable", "check_ru
 # What a run writes into its directory (fednorm.engine.outputs, fednorm.engine.checkpoint, fednorm analyze).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "checkpoint.prev.pt", "final_model.pt", "accuracy.png",
              "analysis.json", "partition.json", ".mlflow_run_id")
+#: Folders a run's loggers write (``--log tensorboard,wandb``): stale events would mix with new ones.
+RUN_FOLDERS = ("tensorboard", "wandb")
 _EVIDENCE = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "checkpoint.prev.pt")
 
 
@@ -95,6 +98,10 @@ def clear_run(path: str | Path) -> list[str]:
         if f.is_file():
             f.unlink()
             removed.append(name)
+    for name in RUN_FOLDERS:
+        if (p / name).is_dir():
+            shutil.rmtree(p / name)
+            removed.append(name + "/")
     temporary = [p / f".{name}.tmp" for name in ("config.yaml", "metrics.jsonl", "summary.json")]
     for f in sorted(p.glob("analysis_*.png")) + sorted(p.glob(".checkpoint.*.tmp")) + [t for t in temporary if t.is_file()]:
         f.unlink()
