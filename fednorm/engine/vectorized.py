@@ -74,6 +74,10 @@ def vectorization_blockers(method: Method) -> list[str]:
             reasons.append(f"method '{method.name}' overrides {hook} without a stacked form ({stacked})")
         else:
             reasons.append(f"method '{method.name}' overrides {hook}")
+    if overrides(method, "client_gradient"):  # no stacked form: a second pass per step on one client's model
+        who = (f"client optimizer '{method.client_opt.name}'" if inner is not None and not overrides(inner, "client_gradient")
+               else f"method '{method.name}'")
+        reasons.append(f"{who} replaces each step's gradient (client_gradient), which has no stacked form")
     if method.requires_lockstep and overrides(method, "client_loss"):
         reasons.append(f"method '{method.name}' synchronises local steps, which take no client loss term")
     return reasons
