@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import DivergenceError
+from ..nn.nf import adaptive_grad_clip_
 
 __all__ = ["LocalSpec", "LocalResult", "batch_plan", "train_local"]
 
@@ -32,6 +33,8 @@ class LocalSpec:
     momentum: float = 0.0
     weight_decay: float = 0.0
     max_grad_norm: float | None = None
+    agc_clip: float | None = None  # adaptive gradient clipping (FedWon), before max_grad_norm
+    agc_skip: frozenset[str] = frozenset()  # parameters AGC leaves alone (the classifier)
     dsgd: bool = False
     augment: bool = False
     crop_padding: int = 4
@@ -203,6 +206,8 @@ def train_local(
         total.backward()
         if grad_hook is not None:
             grad_hook(model, _closure(model, params, xb, yb, loss_hook))
+        if spec.agc_clip:
+            adaptive_grad_clip_([p for n, p in named if n not in spec.agc_skip], spec.agc_clip)
         if spec.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
         if spec.dsgd:

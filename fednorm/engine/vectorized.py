@@ -33,6 +33,7 @@ from ..data.transforms import apply_crop_flip, draw_crop_flip
 from ..errors import ConfigError, DivergenceError
 from ..methods.base import ClientUpdates, Method, StackedClientContext, stack_rows
 from ..nn.comm import ClientComm, CommTraffic, LocalClientComm
+from ..nn.nf import adaptive_grad_clip_
 from ..nn.stacked import (
     NotStackableError,
     set_client_comm,
@@ -447,6 +448,8 @@ class VectorizedExecutor(Executor):
         """``torch.optim.SGD`` (or DSGD's dampened momentum) for the clients in ``stepped`` only."""
         spec = self.spec
         k = len(started)
+        if spec.agc_clip:  # per client and unit (the client axis kept apart)
+            adaptive_grad_clip_([p for n, p in params.items() if n not in spec.agc_skip], spec.agc_clip, lead=1)
         if spec.max_grad_norm is not None:
             norms = torch.stack([
                 torch.linalg.vector_norm(p.grad.reshape(k, -1), dim=1) if p.grad is not None else torch.zeros(k, dtype=p.dtype)
