@@ -259,7 +259,9 @@ def _config_from(args: argparse.Namespace, base: dict[str, Any] | None = None) -
         fields = {**base, **fields}
     cfg = load_config(args.config, fields)
     check_partition_args(cfg.partition, cfg.partition_args)  # an ignored key must not be recorded as if it ran
-    return cfg
+    from ..centralized import expand_centralized
+
+    return expand_centralized(cfg)  # --method centralized: the union of the clients' data
 
 
 def _given(args: argparse.Namespace, name: str) -> bool:
