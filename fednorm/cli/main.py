@@ -189,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_cmp.add_argument("--client-opts", help="comma-separated client optimizers, 'none' for plain local SGD (the cross "
                        "product with --methods and --norms is run)")
     p_cmp.add_argument("--norms", help="comma-separated norms (default: the config's norm; the cross product with --methods is run)")
-    p_cmp.add_argument("--variants", help="explicit variants 'method:norm,method:norm' (overrides --methods/--norms)")
+    p_cmp.add_argument("--variants", help="explicit variants 'method:norm,method:norm' (overrides --methods/--norms); "
+                       "'method+client_opt:norm' adds a client optimizer (hbn+fedsam:hbn), 'centralized:norm' the reference")
     p_cmp.add_argument("--overwrite", action="store_true", help="write into an --out directory that holds an earlier comparison (its run files are deleted)")
     p_cmp.add_argument("--quiet", action="store_true", help="no progress bars or progress lines")
     _add_config_options(p_cmp, defaults={**QUICKSTART, "out": "runs/compare-<dataset>-<time>"})
@@ -473,7 +474,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         variants = []
         for item in _split(args.variants):
             method, _, norm = item.partition(":")
-            variants.append({"method": method, "norm": norm or cfg.norm})
+            name, _, opt = method.partition("+")  # 'hbn+fedsam:hbn': a method with a client optimizer
+            norm = norm or cfg.norm
+            if name == CENTRALIZED:
+                variants.append({**centralized_overrides(cfg.model_copy(update={"norm": norm})), "norm": norm,
+                                 "label": f"centralized+{norm}"})
+                continue
+            variant = {**_method_variant(name, cfg.method), "norm": norm}
+            variants.append({**variant, "client_opt": opt} if opt else variant)
     elif args.methods or args.norms or args.client_opts:
         methods = [_method_variant(m, cfg.method) for m in _split(args.methods)] or [{"method": cfg.method}]
         norms = _split(args.norms) or [cfg.norm]
@@ -582,7 +590,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from ..robust.attacks import ATTACKS
 
     listing = {
-        "methods": list_methods(),
+        "methods": sorted([*list_methods(), "centralized"]),  # centralized: a config recipe (fednorm/centralized.py)
         "norms": list_norms(),
         "models": list_models(),
         "datasets": list_datasets(),

@@ -95,3 +95,16 @@ def test_fedacg_with_hbn_learns_and_leaves_alpha_and_statistics_out_of_the_momen
     params = {n for n, _ in sim.model.named_parameters()}
     assert keys and keys <= params and not (keys & sim.method.local_keys)
     assert sim.history[-1]["test_accuracy"] > 0.5, sim.history[-1]
+
+
+def test_compare_variants_take_client_optimizers_and_the_centralized_reference(tmp_path, monkeypatch):
+    from fednorm.cli.main import main
+
+    monkeypatch.setattr("fednorm.plotting.plot_comparison", lambda *a, **k: None)
+    argv = ["compare", "--variants", "fedavg:gn,fedavg+fedacg:gn,fedsam:gn,centralized:gn", "--rounds", "1",
+            "--num-clients", "3", "--model", "mlp", "--batch-size", "16", "--local-steps", "2", "--quiet", "--threads", "1",
+            "--out", str(tmp_path / "c")]
+    assert main(argv) == 0
+    table = (tmp_path / "c" / "results.md").read_text()
+    for label in ("| fedavg+gn |", "| fedavg+gn(client_opt=fedacg) |", "| fedavg+gn(client_opt=fedsam) |", "| centralized+gn |"):
+        assert label in table, table
