@@ -9,8 +9,9 @@ stays local, personalized evaluation, HBN's evaluation protocol, the report) is 
 method's.
 
 A hook is overridden only when the wrapped method or the client optimizer uses it, so a server
-optimizer alone keeps a method on the vectorized executor; any client optimizer moves the run to
-the sequential executor (the client hooks act on one client's model).
+optimizer alone keeps a method on the vectorized executor; a client optimizer keeps it there when
+it has a stacked form of its hooks (all but FedSAM, whose per-step second pass acts on one
+client's model and moves the run to the sequential executor).
 """
 
 from __future__ import annotations
