@@ -260,9 +260,15 @@ def _config_from(args: argparse.Namespace, base: dict[str, Any] | None = None) -
         fields = {**base, **fields}
     cfg = load_config(args.config, fields)
     check_partition_args(cfg.partition, cfg.partition_args)  # an ignored key must not be recorded as if it ran
-    from ..centralized import expand_centralized
+    from ..centralized import CENTRALIZED, expand_centralized
 
-    return expand_centralized(cfg)  # --method centralized: the union of the clients' data
+    if cfg.method != CENTRALIZED:
+        return cfg
+    ref = expand_centralized(cfg)  # --method centralized: the union of the clients' data
+    steps = f"{ref.local_steps} steps" if ref.local_steps is not None else f"{ref.local_epochs} epoch(s)"
+    print(f"centralized reference of {cfg.num_clients} clients ({cfg.sampled_per_round} per round): one client holding "
+          f"their union, batch {ref.batch_size}, {steps} per round (fednorm/centralized.py)", flush=True)
+    return ref
 
 
 def _given(args: argparse.Namespace, name: str) -> bool:
