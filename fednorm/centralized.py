@@ -20,7 +20,9 @@ does not model that. A fresh optimiser every round (the clients' rule) resets it
 round, as FedTAN's note A9 asks.
 
 ``fednorm compare --methods fedavg,centralized`` runs it beside the federation;
-``centralized_config(cfg)`` gives the config for ``fednorm run``.
+``fednorm run --method centralized`` (or ``method: centralized`` in a config file; ``method_args:
+{batch: same}`` picks the other batch rule) runs it alone, through :func:`expand_centralized`;
+``centralized_config(cfg)`` gives the config in Python.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 from .config import ExperimentConfig
 from .errors import ConfigError
 
-__all__ = ["centralized_overrides", "centralized_config", "CENTRALIZED"]
+__all__ = ["centralized_overrides", "centralized_config", "expand_centralized", "CENTRALIZED"]
 
 #: The name ``fednorm compare --methods`` accepts for the reference.
 CENTRALIZED = "centralized"
@@ -77,3 +79,17 @@ def centralized_config(config: ExperimentConfig, *, batch: str = "union", train_
     base = config.model_dump()
     base.update(over)
     return resolve_config(base)
+
+
+def expand_centralized(config: ExperimentConfig) -> ExperimentConfig:
+    """``config`` itself, or, when its method is ``centralized``, the reference of the federation
+    it describes (:func:`centralized_config`; ``method_args`` may hold ``batch``). The run records
+    the expanded config (FedAvg on one client holding the union)."""
+    if config.method != CENTRALIZED:
+        return config
+    args = dict(config.method_args)
+    batch = args.pop("batch", "union")
+    if args:
+        raise ConfigError(f"method 'centralized' takes only method_args batch (union or same), got {sorted(args)}")
+    federation = config.model_copy(update={"method": "fedavg", "method_args": {}})
+    return centralized_config(federation, batch=batch)

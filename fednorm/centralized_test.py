@@ -49,3 +49,43 @@ def test_compare_runs_the_centralized_reference(tmp_path, monkeypatch):
     assert main(argv) == 0
     table = (tmp_path / "c" / "results.md").read_text()
     assert "| centralized+bn |" in table and "| centralized+gn |" in table and "| fedavg+bn |" in table
+
+
+def test_expand_centralized_reads_the_batch_rule_and_refuses_other_args():
+    from fednorm.centralized import expand_centralized
+    from fednorm.errors import ConfigError
+
+    fed = ExperimentConfig(**BASE, local_steps=3)
+    assert expand_centralized(fed) is fed
+    same = expand_centralized(fed.model_copy(update={"method": "centralized", "method_args": {"batch": "same"}}))
+    assert (same.method, same.num_clients, same.batch_size, same.local_steps) == ("fedavg", 1, 8, 12)
+    union = expand_centralized(fed.model_copy(update={"method": "centralized"}))
+    assert (union.batch_size, union.local_steps) == (32, 3)
+    with pytest.raises(ConfigError, match="only method_args batch"):
+        expand_centralized(fed.model_copy(update={"method": "centralized", "method_args": {"mu": 1}}))
+
+
+@pytest.mark.parametrize("model", ["mlp", "simple_cnn", "ln_cnn", "fbn_cnn", "fedbn_cnn", "resnet20", "resnet18",
+                                   "ln_resnet18", "vgg11"])
+def test_run_method_centralized_for_every_model(tmp_path, model, capsys):
+    import json
+
+    from fednorm.cli.main import main
+    from fednorm.models import list_models
+
+    assert model in list_models()
+    out = tmp_path / model
+    argv = ["run", "--method", "centralized", "--model", model, "--norm", "gn", "--rounds", "1", "--num-clients", "3",
+            "--batch-size", "4", "--local-steps", "1", "--quiet", "--threads", "1", "--out", str(out)]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_clients"] == 1 and summary["method"] == "fedavg"
+    assert summary["final_test_accuracy"] is not None
+    assert "batch_size: 12" in (out / "config.yaml").read_text()  # K·B: the federation's samples per step
+
+
+def test_every_model_is_covered_by_the_centralized_run_test():
+    from fednorm.models import list_models
+
+    covered = {"mlp", "simple_cnn", "ln_cnn", "fbn_cnn", "fedbn_cnn", "resnet20", "resnet18", "ln_resnet18", "vgg11"}
+    assert set(list_models()) <= covered, sorted(set(list_models()) - covered)

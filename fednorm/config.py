@@ -94,6 +94,10 @@ class ExperimentConfig(BaseModel):
     momentum: float = Field(0.0, ge=0, lt=1, description="client SGD momentum (reset every round)")
     weight_decay: float = Field(0.0, ge=0, description="client L2 weight decay")
     max_grad_norm: float | None = Field(None, gt=0, description="clip the local gradient norm (HBN's code: 10)")
+    agc_clip: float | None = Field(
+        None, ge=0, description="adaptive gradient clipping lambda (NF-Nets/FedWon): each unit's gradient norm at most "
+        "lambda*max(||W_unit||, 1e-3), the head excluded; default 0.01 under norm fedwon/hbn_sws, off otherwise; 0: off",
+    )
     lr_decay: float = Field(1.0, gt=0, le=1, description="per-round multiplicative lr decay (HBN: 0.998)")
     lr_milestones: list[int] = Field(default_factory=list, description="rounds at which lr is multiplied by lr_gamma")
     lr_gamma: float = Field(0.1, gt=0, description="step-decay factor applied at each milestone")

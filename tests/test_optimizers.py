@@ -86,7 +86,7 @@ def test_cli_composes_method_client_and_server_optimizers(tmp_path, capsys):
     assert "client_opt: scaffold" in (out / "config.yaml").read_text()
     capsys.readouterr()
     assert main(["list", "client_opts"]) == 0
-    assert capsys.readouterr().out.strip() == "client_opts: feddecorr, fedlc, fedprox, fedrs, moon, none, scaffold"
+    assert capsys.readouterr().out.strip() == "client_opts: fedacg, feddecorr, fedlc, fedprox, fedrs, fedsam, moon, none, scaffold"
     assert main(["run", "--client-opt", "scafold", "--rounds", "1"]) == 2
     assert "Did you mean 'scaffold'" in capsys.readouterr().err
 

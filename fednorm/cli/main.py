@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_cmp.add_argument("--client-opts", help="comma-separated client optimizers, 'none' for plain local SGD (the cross "
                        "product with --methods and --norms is run)")
     p_cmp.add_argument("--norms", help="comma-separated norms (default: the config's norm; the cross product with --methods is run)")
-    p_cmp.add_argument("--variants", help="explicit variants 'method:norm,method:norm' (overrides --methods/--norms)")
+    p_cmp.add_argument("--variants", help="explicit variants 'method:norm,method:norm' (overrides --methods/--norms); "
+                       "'method+client_opt:norm' adds a client optimizer (hbn+fedsam:hbn), 'centralized:norm' the reference")
     p_cmp.add_argument("--overwrite", action="store_true", help="write into an --out directory that holds an earlier comparison (its run files are deleted)")
     p_cmp.add_argument("--quiet", action="store_true", help="no progress bars or progress lines")
     cmp_seeds = p_cmp.add_mutually_exclusive_group()
@@ -272,7 +273,15 @@ def _config_from(args: argparse.Namespace, base: dict[str, Any] | None = None) -
         fields = {**base, **fields}
     cfg = load_config(args.config, fields)
     check_partition_args(cfg.partition, cfg.partition_args)  # an ignored key must not be recorded as if it ran
-    return cfg
+    from ..centralized import CENTRALIZED, expand_centralized
+
+    if cfg.method != CENTRALIZED:
+        return cfg
+    ref = expand_centralized(cfg)  # --method centralized: the union of the clients' data
+    steps = f"{ref.local_steps} steps" if ref.local_steps is not None else f"{ref.local_epochs} epoch(s)"
+    print(f"centralized reference of {cfg.num_clients} clients ({cfg.sampled_per_round} per round): one client holding "
+          f"their union, batch {ref.batch_size}, {steps} per round (fednorm/centralized.py)", flush=True)
+    return ref
 
 
 def _given(args: argparse.Namespace, name: str) -> bool:
@@ -500,7 +509,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         variants = []
         for item in _split(args.variants):
             method, _, norm = item.partition(":")
-            variants.append({"method": method, "norm": norm or cfg.norm})
+            name, _, opt = method.partition("+")  # 'hbn+fedsam:hbn': a method with a client optimizer
+            norm = norm or cfg.norm
+            if name == CENTRALIZED:
+                variants.append({**centralized_overrides(cfg.model_copy(update={"norm": norm})), "norm": norm,
+                                 "label": f"centralized+{norm}"})
+                continue
+            variant = {**_method_variant(name, cfg.method), "norm": norm}
+            variants.append({**variant, "client_opt": opt} if opt else variant)
     elif args.methods or args.norms or args.client_opts:
         methods = [_method_variant(m, cfg.method) for m in _split(args.methods)] or [{"method": cfg.method}]
         norms = _split(args.norms) or [cfg.norm]
@@ -645,7 +661,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from ..robust.attacks import ATTACKS
 
     listing = {
-        "methods": list_methods(),
+        "methods": sorted([*list_methods(), "centralized"]),  # centralized: a config recipe (fednorm/centralized.py)
         "norms": list_norms(),
         "models": list_models(),
         "datasets": [*list_datasets(), "hf:<path> (hf extra)"],  # docs/data.md

@@ -140,6 +140,7 @@ class SequentialExecutor(Executor):
         result = train_local(
             model, ctx.x, ctx.y, plan, lr=lr, spec=spec, generator=gen, momentum=momentum or None,
             loss_hook=(lambda m, loss: method.client_loss(ctx, m, loss)) if method.has_client_loss else None,
+            grad_hook=(lambda m, closure: method.client_gradient(ctx, m, closure)) if method.has_client_gradient else None,
             where=f"round {server_round}, client {cid}, method {method.name}",
         )
         method.client_end(ctx)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import DivergenceError
+from ..nn.nf import adaptive_grad_clip_
 
 __all__ = ["LocalSpec", "LocalResult", "batch_plan", "train_local"]
 
@@ -32,6 +33,8 @@ class LocalSpec:
     momentum: float = 0.0
     weight_decay: float = 0.0
     max_grad_norm: float | None = None
+    agc_clip: float | None = None  # adaptive gradient clipping (FedWon), before max_grad_norm
+    agc_skip: frozenset[str] = frozenset()  # parameters AGC leaves alone (the classifier)
     dsgd: bool = False
     augment: bool = False
     crop_padding: int = 4
@@ -130,6 +133,23 @@ def _dsgd_step(
     return new_m
 
 
+def _closure(
+    model: nn.Module, params: list[torch.Tensor], xb: torch.Tensor, yb: torch.Tensor,
+    loss_hook: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None,
+) -> Callable[[], torch.Tensor]:
+    """The step's loss recomputed at the model's current weights, gradients included."""
+
+    def closure() -> torch.Tensor:
+        for p in params:
+            p.grad = None
+        loss = F.cross_entropy(model(xb), yb)
+        total = loss_hook(model, loss) if loss_hook is not None else loss
+        total.backward()
+        return loss.detach()
+
+    return closure
+
+
 def train_local(
     model: nn.Module,
     x: torch.Tensor,
@@ -141,6 +161,7 @@ def train_local(
     generator: torch.Generator | None = None,
     momentum: dict[str, torch.Tensor] | None = None,
     loss_hook: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None,
+    grad_hook: Callable[[nn.Module, Callable[[], torch.Tensor]], None] | None = None,
     where: str = "",
 ) -> LocalResult:
     """Run ``plan``'s mini-batches of SGD on ``(x, y)`` in place on ``model``.
@@ -154,6 +175,9 @@ def train_local(
         generator: draws the augmentation's random crops and flips.
         momentum: DSGD's persistent client momentum (name -> tensor), if ``spec.dsgd``.
         loss_hook: maps (model, data loss) to the loss to minimise (FedProx, MOON, ...).
+        grad_hook: called after each step's backward pass with the model and a closure that
+            recomputes the step's loss and its gradients on the same batch (clearing ``.grad``
+            first); it may replace the gradients the step uses (FedSAM's second pass).
         where: "round R, client C, method M", named in a DivergenceError.
 
     Raises:
@@ -180,6 +204,10 @@ def train_local(
         for p in params:
             p.grad = None
         total.backward()
+        if grad_hook is not None:
+            grad_hook(model, _closure(model, params, xb, yb, loss_hook))
+        if spec.agc_clip:
+            adaptive_grad_clip_([p for n, p in named if n not in spec.agc_skip], spec.agc_clip)
         if spec.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
         if spec.dsgd:

@@ -23,6 +23,7 @@ from ..methods import Method
 from ..methods.base import ClientContext, ClientUpdates
 from ..models import get_model
 from ..nn.comm import CommTraffic
+from ..nn.nf import default_agc_clip, head_parameter_names
 from ..nn.stacked import NotStackableError
 from ..optim.compose import build_method
 from ..robust import get_aggregator, get_attack
@@ -175,6 +176,8 @@ class Simulation:
             momentum=config.momentum,
             weight_decay=config.weight_decay,
             max_grad_norm=config.max_grad_norm,
+            agc_clip=default_agc_clip(config.norm, config.agc_clip),
+            agc_skip=head_parameter_names(self.model),
             dsgd=config.dsgd,
             augment=self.data.augment,
             crop_padding=info.crop_padding,

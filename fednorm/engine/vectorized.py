@@ -33,6 +33,7 @@ from ..data.transforms import apply_crop_flip, draw_crop_flip
 from ..errors import ConfigError, DivergenceError
 from ..methods.base import ClientUpdates, Method, StackedClientContext, stack_rows
 from ..nn.comm import ClientComm, CommTraffic, LocalClientComm
+from ..nn.nf import adaptive_grad_clip_
 from ..nn.stacked import (
     NotStackableError,
     set_client_comm,
@@ -74,6 +75,10 @@ def vectorization_blockers(method: Method) -> list[str]:
             reasons.append(f"method '{method.name}' overrides {hook} without a stacked form ({stacked})")
         else:
             reasons.append(f"method '{method.name}' overrides {hook}")
+    if overrides(method, "client_gradient"):  # no stacked form: a second pass per step on one client's model
+        who = (f"client optimizer '{method.client_opt.name}'" if inner is not None and not overrides(inner, "client_gradient")
+               else f"method '{method.name}'")
+        reasons.append(f"{who} replaces each step's gradient (client_gradient), which has no stacked form")
     if method.requires_lockstep and overrides(method, "client_loss"):
         reasons.append(f"method '{method.name}' synchronises local steps, which take no client loss term")
     return reasons
@@ -443,6 +448,8 @@ class VectorizedExecutor(Executor):
         """``torch.optim.SGD`` (or DSGD's dampened momentum) for the clients in ``stepped`` only."""
         spec = self.spec
         k = len(started)
+        if spec.agc_clip:  # per client and unit (the client axis kept apart)
+            adaptive_grad_clip_([p for n, p in params.items() if n not in spec.agc_skip], spec.agc_clip, lead=1)
         if spec.max_grad_norm is not None:
             norms = torch.stack([
                 torch.linalg.vector_norm(p.grad.reshape(k, -1), dim=1) if p.grad is not None else torch.zeros(k, dtype=p.dtype)

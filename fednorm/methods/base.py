@@ -319,6 +319,13 @@ class Method:
     def client_end(self, ctx: ClientContext) -> None:
         """After local training: e.g. SCAFFOLD's control-variate update (default: nothing)."""
 
+    def client_gradient(self, ctx: ClientContext, model: nn.Module, closure: Any) -> None:
+        """After each local step's backward pass, before clipping and the optimiser step: may
+        replace the gradients in ``p.grad`` (FedSAM's gradient at the perturbed weights).
+        ``closure()`` recomputes the step's loss (with :meth:`client_loss`) and its gradients on
+        the same batch at the model's current weights. Default: nothing. No stacked form: a
+        method that overrides it runs on the sequential executor."""
+
     # -- the same hooks in the client dimension (vectorized executor) ---------------------------
     def stacked_client_begin(self, ctx: StackedClientContext) -> None:
         """:meth:`client_begin` for a chunk of clients held in one stacked model (default:
@@ -356,6 +363,10 @@ class Method:
     @property
     def has_client_loss(self) -> bool:
         return type(self).client_loss is not Method.client_loss
+
+    @property
+    def has_client_gradient(self) -> bool:
+        return type(self).client_gradient is not Method.client_gradient
 
     # -- lockstep execution (vectorized executor) ---------------------------------------------
     def synced_steps(self, server_round: int) -> int:

@@ -41,6 +41,7 @@ __all__ = [
     "NotStackableError",
     "StackedConv2d",
     "StackedStdConv2d",
+    "StackedScaledStdConv2d",
     "StackedLinear",
     "StackedBatchNorm",
     "StackedFederatedBatchNorm",
@@ -178,6 +179,25 @@ class StackedStdConv2d(StackedConv2d):
 
         k = self.weight.shape[0]
         w = standardize_weight(self.weight, self.eps).reshape(k * self.out_channels, *self.weight.shape[2:])
+        b = None if self.bias is None else self.bias.reshape(-1)
+        return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, k * self.groups)
+
+
+class StackedScaledStdConv2d(StackedConv2d):
+    """K clients' :class:`~fednorm.nn.nf.ScaledStdConv2d` (FedWon): each client's filters
+    standardized, scaled by ``γ/sqrt(fan_in)`` and its own gain ``[K, C_out, 1, 1, 1]``."""
+
+    def __init__(self, conv: nn.Conv2d, num_clients: int) -> None:
+        super().__init__(conv, num_clients)
+        self.eps, self.gamma = conv.eps, conv.gamma
+        self.gain = nn.Parameter(_repeat(conv.gain, num_clients), requires_grad=conv.gain.requires_grad)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from .nf import scaled_standardize_weight
+
+        k = self.weight.shape[0]
+        w = scaled_standardize_weight(self.weight, self.gain, self.gamma, self.eps)
+        w = w.reshape(k * self.out_channels, *self.weight.shape[2:])
         b = None if self.bias is None else self.bias.reshape(-1)
         return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, k * self.groups)
 
@@ -675,6 +695,10 @@ def _convert(module: nn.Module, k: int) -> nn.Module:
 
     from .weight_std import StdConv2d
 
+    from .nf import ScaledStdConv2d
+
+    if isinstance(module, ScaledStdConv2d):
+        return StackedScaledStdConv2d(module, k)
     if isinstance(module, StdConv2d):
         return StackedStdConv2d(module, k)
     if isinstance(module, nn.Conv2d):

@@ -62,15 +62,23 @@ class StdConv2d(nn.Conv2d):
         return super().extra_repr() + f", eps={self.eps}"
 
 
-def convert_weight_standardization(module: nn.Module, eps: float = 1e-6) -> nn.Module:
+def convert_weight_standardization(module: nn.Module, eps: float = 1e-6, scaled: bool = False, gamma: float | None = None) -> nn.Module:
     """Replace every ``nn.Conv2d`` of ``module`` (not already a :class:`StdConv2d`) with a
-    :class:`StdConv2d` holding the same parameters; returns the new root if the root is a conv."""
+    :class:`StdConv2d` holding the same parameters; returns the new root if the root is a conv.
+    ``scaled=True``: NF-Nets' scaled WS with a learnable gain instead
+    (:class:`~fednorm.nn.nf.ScaledStdConv2d`, ``gamma`` its nonlinearity gain; FedWon)."""
     out = module
     if type(module) is nn.Conv2d:
-        out = StdConv2d(
+        extra: dict[str, Any] = {}
+        cls: type[StdConv2d] = StdConv2d
+        if scaled:
+            from .nf import RELU_GAIN, ScaledStdConv2d
+
+            cls, extra = ScaledStdConv2d, {"gamma": RELU_GAIN if gamma is None else gamma}
+        out = cls(
             module.in_channels, module.out_channels, module.kernel_size, module.stride, module.padding,
             module.dilation, module.groups, module.bias is not None, module.padding_mode, eps=eps,
-            device=module.weight.device, dtype=module.weight.dtype,
+            device=module.weight.device, dtype=module.weight.dtype, **extra,
         )
         with torch.no_grad():
             out.weight = module.weight
@@ -78,7 +86,7 @@ def convert_weight_standardization(module: nn.Module, eps: float = 1e-6) -> nn.M
                 out.bias = module.bias
         out.train(module.training)
     for name, child in module.named_children():
-        out.add_module(name, convert_weight_standardization(child, eps))
+        out.add_module(name, convert_weight_standardization(child, eps, scaled, gamma))
     return out
 
 
@@ -86,6 +94,8 @@ def revert_weight_standardization(module: nn.Module) -> nn.Module:
     """Undo :func:`convert_weight_standardization`: every :class:`StdConv2d` back to ``nn.Conv2d``
     with the same (raw) parameters."""
     out = module
+    if isinstance(module, StdConv2d) and hasattr(module, "gain"):
+        raise ValueError("a ScaledStdConv2d (FedWon) has a learned gain that a plain Conv2d cannot hold; it is not reverted")
     if isinstance(module, StdConv2d):
         out = nn.Conv2d(
             module.in_channels, module.out_channels, module.kernel_size, module.stride, module.padding,

@@ -1,5 +1,5 @@
 """FL optimizers that compose with every method: client side (FedProx, SCAFFOLD, MOON, and the
-label-skew objectives FedLC, FedRS, FedDecorr) and
+label-skew objectives FedLC, FedRS, FedDecorr, FedSAM's sharpness-aware steps, FedACG's look-ahead start) and
 server side (FedAvgM, FedAdam, FedYogi). See :func:`fednorm.optim.compose.compose`."""
 
 from .client import (
@@ -14,6 +14,8 @@ from .client import (
 )
 from .compose import OptimizedMethod, build_method, compose
 from .objectives import FedDecorr, FedLC, FedRS
+from .acg import FedACG
+from .sam import FedSAM
 from .server import (
     SERVER_OPTIMIZERS,
     FedAdam,
@@ -36,6 +38,8 @@ __all__ = [
     "FedLC",
     "FedRS",
     "FedDecorr",
+    "FedSAM",
+    "FedACG",
     "FedAvgM",
     "FedAdam",
     "FedYogi",

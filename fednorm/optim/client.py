@@ -68,7 +68,11 @@ class ClientOptimizer:
     uses_begin: ClassVar[bool] = False
     uses_loss: ClassVar[bool] = False
     uses_end: ClassVar[bool] = False
+    uses_gradient: ClassVar[bool] = False
     stacked: ClassVar[bool] = False
+    # ``begin`` runs before the wrapped method's ``client_begin`` (FedACG moves the model to its
+    # look-ahead start, which HBN's statistics pass must see), instead of after it.
+    begin_first: ClassVar[bool] = False
 
     def setup(self, model: nn.Module, method: Method, num_clients: int, local_momentum: float = 0.0) -> None:
         """Once, after the wrapped method's ``setup``: the shared/local split is known.
@@ -89,6 +93,10 @@ class ClientOptimizer:
 
     def end(self, ctx: ClientContext) -> None: ...
 
+    def gradient(self, ctx: ClientContext, model: nn.Module, closure: Any) -> None:
+        """After each step's backward pass: may replace ``p.grad`` (``uses_gradient``; see
+        :meth:`~fednorm.methods.base.Method.client_gradient`). No stacked form."""
+
     def stacked_begin(self, ctx: StackedClientContext) -> None: ...
 
     def stacked_loss(self, ctx: StackedClientContext, params: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor | None:
@@ -99,6 +107,10 @@ class ClientOptimizer:
 
     def server_update(self, server_round: int, updates: ClientUpdates) -> None:
         """Server side, after aggregation (SCAFFOLD's global control variate)."""
+
+    def server_moved(self, server_round: int, old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> None:
+        """Server side, once the new global state is final (after the server optimizer): ``old``
+        and ``new`` are the global states before and after the round (FedACG's momentum)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}

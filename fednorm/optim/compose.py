@@ -9,8 +9,9 @@ stays local, personalized evaluation, HBN's evaluation protocol, the report) is 
 method's.
 
 A hook is overridden only when the wrapped method or the client optimizer uses it, so a server
-optimizer alone keeps a method on the vectorized executor; any client optimizer moves the run to
-the sequential executor (the client hooks act on one client's model).
+optimizer alone keeps a method on the vectorized executor; a client optimizer keeps it there when
+it has a stacked form of its hooks (all but FedSAM, whose per-step second pass acts on one
+client's model and moves the run to the sequential executor).
 """
 
 from __future__ import annotations
@@ -74,8 +75,15 @@ class OptimizedMethod(Method):
 
     # -- client hooks: installed per instance by compose() where needed -----------------------
     def _begin(self, ctx: ClientContext) -> None:
+        if self.client_opt.begin_first:
+            self.client_opt.begin(ctx)
         self.inner.client_begin(ctx)
-        self.client_opt.begin(ctx)
+        if not self.client_opt.begin_first:
+            self.client_opt.begin(ctx)
+
+    def _gradient(self, ctx: ClientContext, model: nn.Module, closure: Any) -> None:
+        self.inner.client_gradient(ctx, model, closure)
+        self.client_opt.gradient(ctx, model, closure)
 
     def _loss(self, ctx: ClientContext, model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
         return self.client_opt.loss(ctx, model, self.inner.client_loss(ctx, model, loss))
@@ -87,8 +95,11 @@ class OptimizedMethod(Method):
     # The stacked hooks: the wrapped method's, then the client optimizer's stacked form (a
     # client optimizer without one keeps the composition off the vectorized executor).
     def _stacked_begin(self, ctx: StackedClientContext) -> None:
+        first = self.client_opt.uses_begin and self.client_opt.begin_first
+        if first:
+            self.client_opt.stacked_begin(ctx)
         self.inner.stacked_client_begin(ctx)
-        if self.client_opt.uses_begin:
+        if self.client_opt.uses_begin and not first:
             self.client_opt.stacked_begin(ctx)
 
     def _stacked_loss(
@@ -118,6 +129,7 @@ class OptimizedMethod(Method):
         self.client_opt.server_update(server_round, updates)
         params = {k: new[k] for k in self.param_keys if k in new}
         new.update(self.server_opt.step(global_state, params))  # buffers keep the aggregated value
+        self.client_opt.server_moved(server_round, global_state, new)
         return new
 
     def evaluation_state(self, sim: ServerView) -> dict[str, torch.Tensor]:
@@ -233,6 +245,7 @@ def compose(
         ("client_begin", OptimizedMethod._begin, client_opt.uses_begin),
         ("client_loss", OptimizedMethod._loss, client_opt.uses_loss),
         ("client_end", OptimizedMethod._end, client_opt.uses_end),
+        ("client_gradient", OptimizedMethod._gradient, client_opt.uses_gradient),
     ):
         if used or _overrides(method, hook):
             hooks[hook] = impl

@@ -1,0 +1,84 @@
+"""FedSAM: sharpness-aware local steps (the HBN paper's Table 4 row "FedSAM", spec/000_hbn.md).
+
+Each local step of SAM (Foret et al., ICLR 2021) takes two passes on the same batch:
+
+1. the gradient ``g = ∇L(w)`` (the engine's ordinary backward pass);
+2. the ascent point ``w + ε`` with ``ε = ρ·g/‖g‖`` (one norm over every trainable tensor), the
+   gradient ``∇L(w + ε)`` there, and the weights back at ``w``;
+
+then the optimiser steps from ``w`` with ``∇L(w + ε)`` (after the usual clipping, weight decay
+and momentum). FedSAM (Qu et al., ICML 2022; Caldarola et al., ECCV 2022) is FedAvg whose clients
+take these steps.
+
+The second pass leaves no trace on the model's buffers: BatchNorm running statistics (and any
+other buffer a norm layer updates in its forward) are restored after it, so they are those of
+the ordinary pass at ``w``, as SAM's reference code asks ("disable running stats" on the second
+pass); FBN's per-batch statistics record drops the second pass's entry too. Any client-loss term (FedProx's, FedDecorr's, ...) is part of both passes.
+
+Vectorized executor: not written (the second pass would need the stacked step loop to re-run
+its forward per batch-size group); a run with FedSAM says so and runs sequentially under
+``executor: auto`` and is refused under ``executor: vectorized``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..methods.base import ClientContext
+from .checks import check_number
+from .client import ClientOptimizer, register_client_optimizer
+
+__all__ = ["FedSAM", "sam_perturbation"]
+
+
+def sam_perturbation(grads: list[torch.Tensor], rho: float, eps: float = 1e-12) -> list[torch.Tensor]:
+    """SAM's ascent step ``ρ·g/(‖g‖ + eps)`` with ``‖g‖`` the norm over all of ``grads``."""
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double()) for g in grads]))
+    scale = rho / (float(norm) + eps)
+    return [g * scale for g in grads]
+
+
+@register_client_optimizer("fedsam")
+class FedSAM(ClientOptimizer):
+    """FedSAM: every local step is a SAM step (see the module docstring).
+
+    Args:
+        rho: the neighbourhood radius ρ. The HBN paper (Table 4) gives no value; the default is
+            SAM's and FedSAM's usual 0.05 (Foret et al.; Qu et al. tune ρ ∈ {0.01, …, 0.1}).
+            (default: 0.05)
+        eps: added to ``‖g‖`` (default: 1e-12, SAM's reference code).
+    """
+
+    name = "fedsam"
+    uses_gradient = True
+
+    def __init__(self, rho: float = 0.05, eps: float = 1e-12) -> None:
+        self.rho = check_number("fedsam rho", rho, 0.0)
+        self.eps = check_number("fedsam eps", eps, 0.0)
+
+    def gradient(self, ctx: ClientContext, model: nn.Module, closure: Callable[[], torch.Tensor]) -> None:
+        params = [p for p in model.parameters() if p.requires_grad and p.grad is not None]
+        if not params or self.rho == 0:
+            return
+        start = [p.detach().clone() for p in params]
+        eps = sam_perturbation([p.grad for p in params], self.rho, self.eps)
+        buffers = [(b, b.detach().clone()) for b in model.buffers()]
+        # FBN's layers record each training batch's statistics in a list: drop the second pass's.
+        recorders = [(r, len(r)) for m in model.modules() if isinstance(r := getattr(m, "_recorder", None), list)]
+        with torch.no_grad():
+            for p, e in zip(params, eps):
+                p.add_(e.to(p.dtype))
+        closure()  # gradients at w + eps replace p.grad
+        with torch.no_grad():
+            for p, w in zip(params, start):
+                p.copy_(w)
+            for b, saved in buffers:
+                b.copy_(saved)
+        for r, n in recorders:
+            del r[n:]
+
+    def hparams(self) -> dict[str, Any]:
+        return {"rho": self.rho}
