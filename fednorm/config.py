@@ -206,6 +206,25 @@ class ExperimentConfig(BaseModel):
         "none", description="evaluate under torch.autocast in bfloat16 (for GPUs and CPUs with bf16 units; slower on others)"
     )
 
+    diagnostics: str | None = Field(
+        None,
+        description="per-round normalization diagnostics written to metrics.jsonl ('every:N': at evaluated rounds that are "
+        "multiples of N and the last; docs/diagnostics.md): statistics mismatch, gradient deviation, recalibrated accuracy",
+    )
+
+    @field_validator("diagnostics")
+    @classmethod
+    def _diagnostics_schedule(cls, value: str | None) -> str | None:
+        if value is None or value.strip().lower() in ("", "off", "none"):
+            return None
+        from .diagnostics.runner import parse_schedule
+        from .errors import ConfigError as _ConfigError
+
+        try:
+            return f"every:{parse_schedule(value)}"
+        except _ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
     # --- reliability ------------------------------------------------------------------------
     checkpoint_every: int = Field(10, ge=0, description="write a checkpoint every N rounds (0: only at the end and on SIGINT/SIGTERM)")
     min_clients: int = Field(1, ge=1, description="a round fails unless at least this many sampled clients answer")

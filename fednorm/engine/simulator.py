@@ -18,6 +18,7 @@ from torch import nn
 
 from ..config import ExperimentConfig
 from ..data.federated import FederatedData, federated_data_from_config
+from ..diagnostics import Diagnostics
 from ..errors import ConfigError, DivergenceError, RoundFailedError
 from ..methods import Method
 from ..methods.base import ClientContext, ClientUpdates
@@ -197,6 +198,7 @@ class Simulation:
         self._pending_events: list[dict[str, Any]] = []
         self.dropped: dict[str, int] = {}
         self._last_samples_seen = 0
+        self.diagnostics = Diagnostics.from_config(config)  # issue 22: per-round normalization diagnostics
 
     def _make_executor(self) -> SequentialExecutor | VectorizedExecutor:
         cfg = self.config
@@ -421,6 +423,8 @@ class Simulation:
                 }
             )
             self._pending_events = []
+            if self.diagnostics is not None and self.diagnostics.due(r, cfg.rounds):
+                record.metrics.update(self.diagnostics(self, record.seconds))
             self.history.append(record.metrics)
 
     # -- checkpointing ----------------------------------------------------------------------
