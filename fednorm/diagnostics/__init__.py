@@ -7,8 +7,9 @@ BN, accuracy with recalibrated statistics, HBN's batch weights and FedBN's local
 """
 
 from .gradients import GradientDeviation, gradient_deviation
+from .plot import layer_mean, plot_diagnostics
 from .runner import PROBE_PER_CLIENT, Diagnostics, parse_schedule
-from .statistics import ExactStatistics, Moments, exact_statistics, norm_layers, recording_moments, standardized_distance
+from .statistics import ExactStatistics, Moments, exact_statistics, norm_layers, standardized_distance
 
 __all__ = [
     "Diagnostics",
@@ -18,8 +19,9 @@ __all__ = [
     "PROBE_PER_CLIENT",
     "exact_statistics",
     "gradient_deviation",
+    "layer_mean",
     "norm_layers",
     "parse_schedule",
-    "recording_moments",
+    "plot_diagnostics",
     "standardized_distance",
 ]

@@ -133,3 +133,13 @@ def test_run_writes_diagnostics_at_due_rounds_and_recalibration_uses_exact_stati
         sim.global_state[f"{name}.running_var"] = m.var.clone()
     out = diag.statistics(sim, [sim.data.train_x[ix] for ix in sim.data.client_train])
     assert out["diag/stats/agg_mean_shift/features.1"] < 1e-9 and out["diag/stats/agg_var_logratio/features.9"] < 1e-9
+
+
+def test_plot_diagnostics_writes_a_png(tmp_path) -> None:
+    from fednorm.diagnostics import layer_mean, plot_diagnostics
+
+    rows = [{"round": r, "diag/seconds": 0.1, "diag/stats/agg_var_logratio/a": 0.2 * r, "diag/stats/agg_var_logratio/b": 0.4 * r,
+             "diag/grad/rel_error": 0.3, "diag/acc/aggregated": 0.5, "diag/acc/recalibrated": 0.6} for r in (1, 2)]
+    assert abs(layer_mean(rows[1], "diag/stats/agg_var_logratio") - 0.6) < 1e-12
+    out = plot_diagnostics({"FedAvg+BN": rows, "no diagnostics": [{"round": 1}]}, tmp_path / "d.png")
+    assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"

@@ -99,7 +99,7 @@ class Diagnostics:
     def statistics(self, sim: Any, client_x: list[torch.Tensor]) -> dict[str, float]:
         """Statistics mismatch (clients and aggregate vs exact) and the recalibrated accuracy."""
         model = sim.global_model(sim.global_state)
-        exact = exact_statistics(model, client_x, batch_size=self.batch_size)
+        exact = exact_statistics(model, client_x, batch_size=self.batch_size, channels_last=sim.spec.channels_last)
         sizes = torch.tensor([float(len(x)) for x in client_x], dtype=torch.float64)
         out: dict[str, float] = {}
         recalibrated = dict(sim.global_state)

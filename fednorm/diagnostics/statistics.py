@@ -4,20 +4,20 @@ The reference of the statistics diagnostics: what centralized BatchNorm on all t
 would normalise with, under the current global weights. Every layer's statistics depend on how
 the layers before it normalise, so the reference is the fixed point in which *each* layer
 normalises with the exact (biased) union statistics of its input, which is what training-mode
-BatchNorm does with the whole union as one batch. It is computed in L statistics passes over the
-data (L normalization layers, in evaluation mode, so every layer normalises with its buffers):
-after pass k the first k layers in forward order hold their exact statistics, so the last pass
-records every layer's exact input. Moments are taken per batch with
+BatchNorm does with the whole union as one batch. It is computed in L statistics passes
+(L normalization layers, evaluation mode, so every layer normalises with its buffers): pass k
+runs the data up to the first layer in forward order whose statistics are not yet set, records
+its input there (every layer before it already normalising with its exact statistics), and sets
+them. Moments are taken per batch with
 :func:`fednorm.nn.hbn.batch_moments` (float64) and pooled exactly with
 :func:`fednorm.nn.functional.pooled_stats`, per client and then over clients (HBN's Eq. 8 code).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -26,7 +26,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ..nn.functional import pooled_stats
 from ..nn.hbn import batch_moments
 
-__all__ = ["Moments", "ExactStatistics", "norm_layers", "recording_moments", "exact_statistics", "standardized_distance"]
+__all__ = ["Moments", "ExactStatistics", "norm_layers", "exact_statistics", "standardized_distance"]
 
 
 @dataclass
@@ -75,78 +75,80 @@ class _Moments:
         return Moments(total, mu, v)
 
 
-@contextlib.contextmanager
-def recording_moments(model: nn.Module, order: list[str] | None = None) -> Iterator[dict[str, _Moments]]:
-    """Record the moments of every normalization layer's input while active; ``order``, if
-    given (and empty), receives the layer names in the order they first ran."""
-    recorders: dict[str, _Moments] = {}
-    handles = []
-    for name, layer in norm_layers(model):
-        def hook(_m: nn.Module, args: tuple[torch.Tensor, ...], name: str = name) -> None:
-            if order is not None and name not in order:
-                order.append(name)
-            recorders[name].add(args[0])
-
-        recorders[name] = _Moments()
-        handles.append(layer.register_forward_pre_hook(hook))
-    try:
-        yield recorders
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def _set_statistics(layer: _BatchNorm, m: Moments) -> None:
     with torch.no_grad():
         layer.running_mean.copy_(m.mean)  # type: ignore[union-attr]
         layer.running_var.copy_(m.var)  # type: ignore[union-attr]
 
 
+class _Stop(Exception):
+    """Ends a statistics pass once the layer it is for has been recorded."""
+
+
 def exact_statistics(
-    model: nn.Module, client_x: Sequence[torch.Tensor], *, batch_size: int = 512, copy_model: bool = True
+    model: nn.Module, client_x: Sequence[torch.Tensor], *, batch_size: int = 512, channels_last: bool = False
 ) -> ExactStatistics:
     """Exact union statistics of every normalization layer's input (see the module docstring).
 
+    Pass k runs each client's data (no gradient, evaluation mode) up to the first layer whose
+    statistics are not yet set, records that layer's input and stops there, so a pass costs
+    only the network's prefix up to its layer; the layer's buffers then take the union's
+    statistics. The model's buffers are set on a deep copy; ``model`` is unchanged.
+
     Args:
-        model: the global model (its weights; its statistics buffers are overwritten on a copy).
+        model: the global model (its weights and, for layers not reached, nothing else).
         client_x: each client's inputs (empty tensors allowed).
         batch_size: chunk size of the passes (does not change the result beyond float rounding).
-        copy_model: work on a deep copy (``False``: overwrite ``model``'s buffers in place).
+        channels_last: feed 4-D batches channels-last (faster convolutions and pooling on CPU).
     """
-    net = copy.deepcopy(model) if copy_model else model
+    net = copy.deepcopy(model)
     layers = dict(norm_layers(net))
     if any(m.running_mean is None for m in layers.values()):
         raise ValueError("exact_statistics needs normalization layers with running statistics buffers")
-    flags = [(m, m.training) for m in net.modules()]
     net.eval()
-    order: list[str] = []
+    union: dict[str, Moments] = {}
+    clients: dict[str, list[Moments | None]] = {}
+    current: list[tuple[str, _Moments] | None] = [None]
+
+    def hook(_m: nn.Module, args: tuple[torch.Tensor, ...], name: str) -> None:
+        if name in union:
+            return
+        if current[0] is None:
+            current[0] = (name, _Moments())
+        if current[0][0] == name:
+            current[0][1].add(args[0])
+        raise _Stop
+
+    handles = [m.register_forward_pre_hook(lambda mod, args, name=name: hook(mod, args, name)) for name, m in layers.items()]
     try:
-        result: ExactStatistics | None = None
-        for step in range(max(1, len(layers))):
-            per_client: list[dict[str, _Moments]] = []
+        for _ in range(len(layers)):
+            target: str | None = None
+            per_client: list[Moments | None] = []
             with torch.no_grad():
                 for x in client_x:
-                    with recording_moments(net, order if step == 0 else None) as rec:
-                        for chunk in x.split(batch_size):
+                    current[0] = None if target is None else (target, _Moments())
+                    for chunk in x.split(batch_size):
+                        if channels_last and chunk.dim() == 4:
+                            chunk = chunk.contiguous(memory_format=torch.channels_last)
+                        try:
                             net(chunk)
-                    per_client.append(rec)
-            clients = {name: [rec[name].result() for rec in per_client] for name in layers}
-            union: dict[str, Moments] = {}
-            for name, moments in clients.items():
-                present = [m for m in moments if m is not None]
-                if not present:
-                    continue
-                total, mu, var = pooled_stats(torch.stack([m.count for m in present]),
-                                              torch.stack([m.mean for m in present]), torch.stack([m.var for m in present]))
-                union[name] = Moments(total, mu, var)
-            result = ExactStatistics(union, clients)
-            if step < len(order):
-                _set_statistics(layers[order[step]], union[order[step]])
-        assert result is not None
-        return result
+                        except _Stop:
+                            pass
+                    if current[0] is not None:
+                        target = current[0][0]
+                    per_client.append(None if current[0] is None else current[0][1].result())
+            if target is None:  # no layer left that the data reaches
+                break
+            present = [m for m in per_client if m is not None]
+            total, mu, var = pooled_stats(torch.stack([m.count for m in present]),
+                                          torch.stack([m.mean for m in present]), torch.stack([m.var for m in present]))
+            union[target] = Moments(total, mu, var)
+            clients[target] = per_client
+            _set_statistics(layers[target], union[target])
     finally:
-        for m, flag in flags:
-            m.training = flag
+        for h in handles:
+            h.remove()
+    return ExactStatistics(union, clients)
 
 
 def standardized_distance(
