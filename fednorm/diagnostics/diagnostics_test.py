@@ -143,3 +143,14 @@ def test_plot_diagnostics_writes_a_png(tmp_path) -> None:
     assert abs(layer_mean(rows[1], "diag/stats/agg_var_logratio") - 0.6) < 1e-12
     out = plot_diagnostics({"FedAvg+BN": rows, "no diagnostics": [{"round": 1}]}, tmp_path / "d.png")
     assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_remote_runtimes_refuse_diagnostics() -> None:
+    from fednorm.engine.simulator import Simulation
+
+    class Remote(Simulation):  # a runtime whose clients answer elsewhere (torch.distributed, Flower)
+        def query_clients(self, client_ids, query, state=None):  # type: ignore[no-untyped-def]
+            return super().query_clients(client_ids, query, state)
+
+    with pytest.raises(ConfigError, match="in-process simulator only"):
+        Remote(load_config(overrides=dict(num_clients=2, rounds=1, diagnostics="every:1")))

@@ -200,6 +200,9 @@ class Simulation:
         self.dropped: dict[str, int] = {}
         self._last_samples_seen = 0
         self.diagnostics = Diagnostics.from_config(config)  # issue 22: per-round normalization diagnostics
+        if self.diagnostics is not None and type(self).query_clients is not Simulation.query_clients:
+            raise ConfigError("diagnostics run in the in-process simulator only: they read every client's data and "
+                              "local state, which this runtime keeps elsewhere")
         self.privacy = ClientLevelDP.from_config(config)  # issue 22: client-level differential privacy
         if self.privacy is not None:
             self.privacy.check_method(self.method)
