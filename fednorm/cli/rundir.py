@@ -18,7 +18,7 @@ __all__ = ["RUN_FILES", "holds_run", "describe_run", "check_writable", "check_ru
 
 # What a run writes into its directory (fednorm.engine.outputs, fednorm.engine.checkpoint, fednorm analyze).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "checkpoint.prev.pt", "final_model.pt", "accuracy.png",
-             "analysis.json")
+             "analysis.json", "diagnostics.png")
 _EVIDENCE = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "checkpoint.prev.pt")
 
 

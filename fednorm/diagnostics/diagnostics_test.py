@@ -112,11 +112,14 @@ def test_schedule_parsing_and_config_errors() -> None:
             load_config(overrides={"diagnostics": bad})
 
 
-def test_run_writes_diagnostics_at_due_rounds_and_recalibration_uses_exact_statistics() -> None:
+def test_run_writes_diagnostics_at_due_rounds_and_recalibration_uses_exact_statistics(tmp_path) -> None:
     from fednorm.api import run
+    from fednorm.engine.outputs import read_metrics
 
     res = run(dict(method="fedavg", norm="bn", num_clients=3, rounds=3, diagnostics="every:2", threads=1,
-                   dtype="float64", local_steps=2), write=False, progress=False)
+                   dtype="float64", local_steps=2, out=str(tmp_path / "run")), progress=False)
+    assert (tmp_path / "run" / "diagnostics.png").is_file()
+    assert read_metrics(tmp_path / "run")[-1]["diag/acc/recalibrated"] == res.history[-1]["diag/acc/recalibrated"]
     by_round = {h["round"]: h for h in res.history}
     assert not any(k.startswith("diag/") for k in by_round[1])
     for r in (2, 3):  # every 2nd round, and the last
