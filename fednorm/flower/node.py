@@ -12,6 +12,7 @@ to a ClientApp.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -97,6 +98,11 @@ def handle(message_type: str, content: RecordDict, state: RecordDict, node_confi
             sim.method.configure_round(server_round, clients)  # as every rank does in a distributed run
             updates = sim.executor.run_round(server_round, mine, sim.global_state, float(head["lr"])) if mine else None
             if updates is not None:
+                if "secure" in head and bool(head["secure"]):  # SecAgg+: keep the node's sum, reply metadata only
+                    from .secure import keep_vector, node_vector
+
+                    keep_vector(state, *node_vector(sim.method, updates, sim.global_state))
+                    updates = dataclasses.replace(updates, states={}, extras={})
                 reply["updates"], extra = updates_to_record(updates)
                 meta.update(extra)
                 meta["samples-seen"] = int(sim.executor.last_samples_seen)

@@ -21,6 +21,7 @@ in-process.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable
 
@@ -87,9 +88,14 @@ class FlowerSimulation(Simulation):
     """
 
     def __init__(self, config: ExperimentConfig, data: FederatedData | None = None, *, grid: Grid,
-                 nodes: list[int], timeout: float = 600.0) -> None:
+                 nodes: list[int], timeout: float = 600.0, secure: bool = False) -> None:
         super().__init__(config, data)
         check_round_based(config.method, self.method.requires_lockstep)
+        self.secure = secure  # SecAgg+ of the updates (fednorm.flower.secure)
+        if secure:
+            from .secure import check_secure
+
+            check_secure(self.method, config)
         self.grid = grid
         self.nodes = list(nodes)
         self.timeout = timeout
@@ -162,6 +168,8 @@ class FlowerSimulation(Simulation):
     # -- the seams --------------------------------------------------------------------------
     def train_clients(self, server_round: int, client_ids: list[int], lr: float) -> ClientUpdates:
         content = self._content(client_ids, server_round=server_round, lr=lr)
+        if self.secure:
+            content["fednorm"]["secure"] = True
         got, failed = self._exchange(protocol.TRAIN, content, str(server_round))
         parts: list[ClientUpdates | None] = []
         covered: set[int] = set()
@@ -179,11 +187,26 @@ class FlowerSimulation(Simulation):
                 num_examples=torch.zeros(0, dtype=torch.float64), train_loss=torch.zeros(0, dtype=torch.float64),
                 num_steps=torch.zeros(0, dtype=torch.int64),
             )
+        if self.secure and len(merged):
+            merged = self._secure_rows(merged, [n for n, r in got.items() if "updates" in r.array_records], server_round)
         reason = "; ".join(failed.values()) or "no SuperNode hosts it (check partition-id / num-partitions)"
         for cid in client_ids:
             if cid not in covered:
                 merged.failures[cid] = f"its SuperNode did not answer ({reason})"
         return merged
+
+    def _secure_rows(self, merged: ClientUpdates, nodes: list[int], server_round: int) -> ClientUpdates:
+        """Every client's row set to ``θ + the SecAgg+ weighted mean update`` (the nodes replied
+        metadata only), so the method's weighted mean is that mean."""
+        from .secure import apply_mean, secure_mean
+
+        weight = float(self.method.client_weights(merged).sum())
+        mean = secure_mean(self.grid, nodes, server_round, max_weight=max(weight, 1.0), timeout=self.timeout)
+        self.exchanges += 4  # the protocol's setup, share keys, collect masked vectors, unmask
+        rows = apply_mean(self.method, self.global_state, mean)
+        k = len(merged)
+        states = {key: v.unsqueeze(0).expand(k, *v.shape).clone() for key, v in rows.items()}
+        return dataclasses.replace(merged, states=states)
 
     def query_clients(
         self, client_ids: list[int], query: str, state: dict[str, torch.Tensor] | None = None
@@ -235,10 +258,10 @@ class FlowerSimulation(Simulation):
         return out
 
 
-def simulation_factory(grid: Grid, nodes: list[int], timeout: float) -> Callable[..., FlowerSimulation]:
-    """What :func:`fednorm.api.run` takes as ``simulation=``."""
+def simulation_factory(grid: Grid, nodes: list[int], timeout: float, secure: bool = False) -> Callable[..., FlowerSimulation]:
+    """What :func:`fednorm.api.run` takes as ``simulation=`` (``secure``: SecAgg+ of the updates)."""
 
     def build(config: ExperimentConfig, data: FederatedData | None = None) -> FlowerSimulation:
-        return FlowerSimulation(config, data, grid=grid, nodes=nodes, timeout=timeout)
+        return FlowerSimulation(config, data, grid=grid, nodes=nodes, timeout=timeout, secure=secure)
 
     return build

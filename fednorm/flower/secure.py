@@ -1,0 +1,179 @@
+"""Secure aggregation of a round's updates with Flower's SecAgg+ (issue 22): the server learns
+only the weighted sum of the clients' updates, never one client's.
+
+A secure round has two exchanges:
+
+1. the ordinary ``"train"`` message, marked ``secure``: each node trains the round's clients it
+   hosts, keeps its **node vector** ``x_n = Σ_i w_i (θ_i − θ) / W_n`` (``w_i`` the method's client
+   weights, ``W_n = Σ_i w_i`` over its clients; the shared floating tensors, BN running statistics
+   of FedAvg+BN included) in its ``context.state``, and replies with the clients' metadata only
+   (ids, sample counts, losses, steps);
+2. Flower's :class:`~flwr.server.workflow.SecAggPlusWorkflow` (setup, share keys, collect masked
+   vectors, unmask) with ``secaggplus_mod`` on the ClientApp (:func:`secure_mod`): in its
+   collect stage each node's train handler returns ``(W_n, x_n)`` as a FitRes; the server
+   unmasks ``Σ_n W_n x_n / Σ_n W_n``, the method's weighted mean update, and nothing else.
+
+The engine then sees every client's row equal to ``θ + mean update``, so the method's weighted
+mean, the round's accounting and metrics run unchanged. Values are clipped to
+``±clipping_range`` and quantized to ``quantization_range`` levels by the protocol: the aggregate
+equals the plain one to ``2 · clipping_range / quantization_range`` per node (tested).
+
+Only methods whose server step is a weighted mean of what clients upload can run so (FedAvg with
+any norm, FedBN, SiloBN, FedAvg with FedProx/MOON or a server optimizer); :func:`check_secure`
+refuses the others, saying why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+
+__all__ = ["SECURE_STATE_KEY", "check_secure", "node_vector", "secure_mod", "secure_mean", "fit_reply"]
+
+SECURE_STATE_KEY = "fednorm.secure"  # the node's vector and weight, between the two exchanges
+CLIPPING_RANGE = 64.0  # |update entries| above this are clipped by the protocol
+QUANTIZATION_RANGE = 2**22
+MODULUS_RANGE = 2**32
+
+
+def check_secure(method: Any, config: Any) -> None:
+    """Refuse what secure aggregation cannot run: the server must see only a weighted sum."""
+    inner = getattr(method, "inner", method)
+    why = None
+    if getattr(inner, "requires_lockstep", False):
+        why = "its clients exchange BN statistics and their gradients layer by layer inside the local step (FedTAN)"
+    elif method.robust or config.attack != "none":
+        why = (f"the aggregator '{config.aggregator}' (or nnm) needs each client's update, and secure aggregation "
+               "reveals only their sum")
+    elif inner.name == "fbn":
+        why = "FBN's Eq. 9-10 combine each client's per-step statistics with its counts (not yet a secure sum here)"
+    elif inner.name == "hbn":
+        why = "HBN's statistics passes outside the round (initial pass, evaluation re-sync, round T+1) are plain queries"
+    elif getattr(config, "dp_clip", None) is not None:
+        why = "the differential-privacy mechanism runs in the in-process simulator only"
+    if why is not None:
+        raise ConfigError(f"secure aggregation does not work with method '{inner.name}': {why}")
+
+
+def node_vector(method: Any, updates: Any, global_state: dict[str, torch.Tensor]) -> tuple[np.ndarray, float]:
+    """``(x_n, W_n)``: the node's weighted mean update over the shared floating tensors (in
+    ``method.shared_keys`` order) and its total weight. Refuses extra uploads (e.g. SCAFFOLD's)."""
+    if updates.extras:
+        raise ConfigError(f"secure aggregation covers model updates only; this run also uploads {sorted(updates.extras)[:3]}")
+    w = method.client_weights(updates).to(torch.float64)
+    total = float(w.sum())
+    parts = []
+    for k in method.shared_keys:
+        if not global_state[k].is_floating_point():
+            continue
+        delta = updates.states[k].double() - global_state[k].double()
+        parts.append(torch.tensordot(w, delta, dims=1).reshape(-1) / max(total, 1e-300))
+    return torch.cat(parts).numpy(), total
+
+
+def apply_mean(method: Any, global_state: dict[str, torch.Tensor], mean: np.ndarray) -> dict[str, torch.Tensor]:
+    """``θ + mean update`` for the shared tensors (integer ones keep the global value)."""
+    out, start = {}, 0
+    flat = torch.from_numpy(np.asarray(mean, dtype=np.float64))
+    for k in method.shared_keys:
+        g = global_state[k]
+        if not g.is_floating_point():
+            out[k] = g.clone()
+            continue
+        n = g.numel()
+        out[k] = (g.double() + flat[start:start + n].reshape(g.shape).to(g.device)).to(g.dtype)
+        start += n
+    if start != flat.numel():
+        raise ConfigError(f"the securely aggregated vector has {flat.numel()} entries, the model's shared tensors {start}")
+    return out
+
+
+# -- the ClientApp side ---------------------------------------------------------------------
+def secure_mod(msg: Any, ctxt: Any, call_next: Any) -> Any:
+    """``secaggplus_mod`` for the messages of the SecAgg+ workflow; fednorm's own ``"train"``
+    messages pass through untouched (the mod would otherwise expect its configs in them)."""
+    from flwr.client.mod import secaggplus_mod
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+    if RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, ctxt, call_next)
+    return call_next(msg, ctxt)
+
+
+def fit_reply(state: Any) -> Any:
+    """The collect stage's FitRes content: the node vector and weight kept by the train exchange."""
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+    from flwr.compat.common import recorddict_compat as compat
+
+    if SECURE_STATE_KEY not in state.array_records:
+        raise ConfigError("secure aggregation: this node holds no vector for the round (its train message failed?)")
+    record = state.array_records[SECURE_STATE_KEY]
+    vector = record["vector"].numpy()
+    weight = float(record["weight"].numpy()[0])
+    del state.array_records[SECURE_STATE_KEY]
+    res = FitRes(Status(Code.OK, "fednorm"), ndarrays_to_parameters([vector]), int(round(weight)), {})
+    return compat.fitres_to_recorddict(res, keep_input=True)
+
+
+def keep_vector(state: Any, vector: np.ndarray, weight: float) -> None:
+    from flwr.app import Array, ArrayRecord
+
+    state.array_records[SECURE_STATE_KEY] = ArrayRecord({"vector": Array(np.ascontiguousarray(vector, dtype=np.float64)),
+                                                         "weight": Array(np.array([weight], dtype=np.float64))})
+
+
+# -- the ServerApp side ---------------------------------------------------------------------
+def secure_mean(grid: Any, nodes: list[int], server_round: int, max_weight: float, timeout: float | None) -> np.ndarray:
+    """Run SecAgg+ over ``nodes`` (at least 2) and return ``Σ_n W_n x_n / Σ_n W_n``."""
+    from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+    from flwr.common import FitIns, Parameters, parameters_to_ndarrays
+    from flwr.server.compat.legacy_context import LegacyContext
+    from flwr.server.strategy import Strategy
+    from flwr.server.workflow import SecAggPlusWorkflow
+    from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+
+    if len(nodes) < 2:
+        raise ConfigError(f"secure aggregation needs at least 2 SuperNodes with clients in the round, got {len(nodes)}")
+    captured: list[np.ndarray] = []
+
+    class _Proxy:
+        def __init__(self, node_id: int) -> None:
+            self.node_id = node_id
+            self.cid = str(node_id)
+
+    class _Shim(Strategy):  # the workflow's legacy seams: which nodes, and where the sum goes
+        def initialize_parameters(self, client_manager: Any) -> None:
+            return None
+
+        def configure_fit(self, server_round: int, parameters: Any, client_manager: Any) -> list:
+            return [(_Proxy(n), FitIns(Parameters(tensors=[], tensor_type="numpy.ndarray"), {})) for n in nodes]
+
+        def aggregate_fit(self, server_round: int, results: list, failures: list) -> tuple:
+            if failures or not results:
+                raise ConfigError(f"secure aggregation of round {server_round} failed on {len(failures)} node(s)")
+            captured.append(parameters_to_ndarrays(results[0][1].parameters)[0])
+            return results[0][1].parameters, {}
+
+        def configure_evaluate(self, *args: Any) -> list:
+            return []
+
+        def aggregate_evaluate(self, *args: Any) -> tuple:
+            return None, {}
+
+        def evaluate(self, *args: Any) -> None:
+            return None
+
+    state = RecordDict({MAIN_CONFIGS_RECORD: ConfigRecord({Key.CURRENT_ROUND: server_round}),
+                        MAIN_PARAMS_RECORD: ArrayRecord()})
+    context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=state, run_config={}), strategy=_Shim())
+    workflow = SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=1.0, max_weight=max_weight,  # all nodes
+                                  clipping_range=CLIPPING_RANGE, quantization_range=QUANTIZATION_RANGE,
+                                  modulus_range=MODULUS_RANGE, timeout=timeout)
+    workflow(grid, context)
+    if not captured:
+        raise ConfigError(f"secure aggregation of round {server_round} halted (a SuperNode dropped out; see Flower's log)")
+    return captured[0]

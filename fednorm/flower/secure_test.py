@@ -1,0 +1,67 @@
+"""SecAgg+ of the updates in the Flower app: the node vector's algebra, the refusals, and a run on
+Flower's simulation engine whose aggregate equals the plain one to the quantization error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("flwr", reason="the Flower extra (flwr) is not installed")
+
+from fednorm.config import load_config  # noqa: E402
+from fednorm.errors import ConfigError  # noqa: E402
+from fednorm.flower.secure import CLIPPING_RANGE, QUANTIZATION_RANGE, apply_mean, check_secure, node_vector  # noqa: E402
+from fednorm.methods.base import ClientUpdates, weighted_average  # noqa: E402
+from fednorm.methods.fedavg import FedAvg  # noqa: E402
+
+
+def test_weighted_node_vectors_combine_to_the_methods_weighted_mean_in_float64() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).double()
+    method = FedAvg()
+    method.setup(model)
+    glob = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    k = 5
+    states = {key: (v + torch.randn(k, *v.shape, dtype=v.dtype) if v.is_floating_point() else v.expand(k).clone())
+              for key, v in glob.items()}
+    ups = ClientUpdates(list(range(k)), states, torch.tensor([3.0, 1, 4, 1, 5], dtype=torch.float64), torch.zeros(k), torch.ones(k))
+    nodes = [ups.subset([0, 2]), ups.subset([1, 3, 4])]  # two SuperNodes' clients
+    vectors = [node_vector(method, n, glob) for n in nodes]
+    total = sum(w for _, w in vectors)
+    mean = sum(w * x for x, w in vectors) / total  # what SecAgg+ unmasks, before quantization
+    got = apply_mean(method, glob, mean)
+    for key in method.shared_keys:
+        if glob[key].is_floating_point():
+            torch.testing.assert_close(got[key], weighted_average(states[key], ups.num_examples), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("overrides, why", [
+    (dict(method="fedtan"), "layer by layer"),
+    (dict(method="hbn", norm="hbn"), "plain queries"),
+    (dict(method="fbn", norm="fbn"), "Eq. 9-10"),
+    (dict(aggregator="median"), "reveals only their sum"),
+])
+def test_methods_that_need_each_clients_value_are_refused(overrides: dict, why: str) -> None:
+    from fednorm.engine.simulator import Simulation
+
+    sim = Simulation(load_config(overrides=dict(num_clients=3, rounds=1, **overrides)))
+    with pytest.raises(ConfigError, match=why):
+        check_secure(sim.method, sim.config)
+
+
+def test_secagg_on_the_simulation_engine_equals_the_plain_aggregate_to_quantization_error() -> None:
+    pytest.importorskip("ray")
+    from fednorm.api import run
+    from fednorm.flower import run_simulation
+
+    cfg = load_config(overrides=dict(method="fedavg", norm="bn", num_clients=4, rounds=1, local_steps=2, threads=1))
+    plain = run(cfg, write=False, progress=False).simulation.global_state
+    result = run_simulation(cfg, num_nodes=2, num_cpus=2, cpus_per_node=1, write=False, secure=True)
+    secure = result.simulation.global_state
+    # each node's entries are stochastically rounded to 2·clip/Q; the unmasked mean carries at
+    # most one level per node (its weights sum to 1), plus float32 rounding
+    bound = 2 * 2 * CLIPPING_RANGE / QUANTIZATION_RANGE + 1e-6
+    worst = max(float((secure[k] - v).abs().max()) for k, v in plain.items() if v.is_floating_point())
+    assert 0 < worst <= bound  # not the plain values (it went through the protocol), within its error
+    assert result.summary["flower_exchanges"] >= 5  # the train message and SecAgg+'s four stages
