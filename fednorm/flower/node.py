@@ -99,9 +99,10 @@ def handle(message_type: str, content: RecordDict, state: RecordDict, node_confi
             updates = sim.executor.run_round(server_round, mine, sim.global_state, float(head["lr"])) if mine else None
             if updates is not None:
                 if "secure" in head and bool(head["secure"]):  # SecAgg+: keep the node's sum, reply metadata only
-                    from .secure import keep_vector, node_vector
+                    from .secure import keep_vector, node_vector, secure_layout
 
                     keep_vector(state, *node_vector(sim.method, updates, sim.global_state))
+                    meta["secure-stats"] = secure_layout(updates.extras)
                     updates = dataclasses.replace(updates, states={}, extras={})
                 reply["updates"], extra = updates_to_record(updates)
                 meta.update(extra)
@@ -113,6 +114,15 @@ def handle(message_type: str, content: RecordDict, state: RecordDict, node_confi
             model_state = None if over is None else {**sim.global_state, **over}
             query = str(head["query"])
             answers = {c: sim.client_query(c, query, model_state) for c in mine}
+            if "secure" in head and bool(head["secure"]) and answers:  # SecAgg+ of the pooled statistics
+                from .secure import keep_vector, secure_layout, statistics_layers, statistics_sums
+
+                rows = [answers[c] for c in mine]
+                layers = statistics_layers(rows[0])
+                counts = sum(float(r[f"{layers[0]}.count"]) for r in rows) if layers else 0.0
+                keep_vector(state, statistics_sums(rows, layers, max(counts, 1e-300)).numpy(), counts)
+                meta["secure-stats"] = secure_layout(rows[0])
+                answers = {c: {k: v for k, v in a.items() if k.endswith(".count")} for c, a in answers.items()}
             reply["answers"] = bank_to_record(answers)
         state[BANK_KEY] = bank_to_record({c: s for c, s in sim.bank.state_dict().items() if host_of(c, num) == pid})
     except (FednormError, DivergenceError, RoundFailedError) as exc:  # raised the same way on the server

@@ -91,7 +91,8 @@ class FlowerSimulation(Simulation):
                  nodes: list[int], timeout: float = 600.0, secure: bool = False) -> None:
         super().__init__(config, data)
         check_round_based(config.method, self.method.requires_lockstep)
-        self.secure = secure  # SecAgg+ of the updates (fednorm.flower.secure)
+        self.secure = secure  # SecAgg+ of the updates and statistics (fednorm.flower.secure)
+        self._secure_layout: tuple[list[str], dict[str, int]] = ([], {})
         if secure:
             from .secure import check_secure
 
@@ -188,6 +189,7 @@ class FlowerSimulation(Simulation):
                 num_steps=torch.zeros(0, dtype=torch.int64),
             )
         if self.secure and len(merged):
+            self._read_layout(got.values())
             merged = self._secure_rows(merged, [n for n, r in got.items() if "updates" in r.array_records], server_round)
         reason = "; ".join(failed.values()) or "no SuperNode hosts it (check partition-id / num-partitions)"
         for cid in client_ids:
@@ -198,19 +200,70 @@ class FlowerSimulation(Simulation):
     def _secure_rows(self, merged: ClientUpdates, nodes: list[int], server_round: int) -> ClientUpdates:
         """Every client's row set to ``θ + the SecAgg+ weighted mean update`` (the nodes replied
         metadata only), so the method's weighted mean is that mean."""
-        from .secure import apply_mean, secure_mean
+        from .secure import apply_mean, pooled_from_sums, secure_mean
 
         weight = float(self.method.client_weights(merged).sum())
         mean = secure_mean(self.grid, nodes, server_round, max_weight=max(weight, 1.0), timeout=self.timeout)
         self.exchanges += 4  # the protocol's setup, share keys, collect masked vectors, unmask
-        rows = apply_mean(self.method, self.global_state, mean)
+        rows, rest = apply_mean(self.method, self.global_state, mean)
         k = len(merged)
         states = {key: v.unsqueeze(0).expand(k, *v.shape).clone() for key, v in rows.items()}
-        return dataclasses.replace(merged, states=states)
+        extras: dict[str, torch.Tensor] = {}
+        for p, (count, mu, var) in pooled_from_sums(rest, *self._secure_layout, weight).items():
+            extras[f"{p}.count"] = torch.full((k,), count / k, dtype=torch.float64)
+            extras[f"{p}.mean"] = mu.unsqueeze(0).expand(k, -1).clone()
+            extras[f"{p}.var"] = var.unsqueeze(0).expand(k, -1).clone()
+        return dataclasses.replace(merged, states=states, extras=extras)
+
+    def _read_layout(self, replies: Any) -> None:
+        """The statistics layout (layers, channels) the nodes reported with a secure reply."""
+        import json
+
+        for reply in replies:
+            head = reply["fednorm"]
+            if "secure-stats" in head:
+                layout = json.loads(str(head["secure-stats"]))
+                self._secure_layout = (list(layout), layout)
+                return
+
+    def _secure_query(self, client_ids: list[int], query: str, state: dict[str, torch.Tensor] | None) -> dict[int, dict[str, torch.Tensor]]:
+        """A statistics query under SecAgg+: the nodes keep their clients' statistics sums; the
+        server unmasks their total, the pooled statistics, and answers every client with them
+        (its own public count), so the method pools exactly what it would from plain answers."""
+        from .secure import pooled_from_sums, secure_mean
+
+        content = self._content(client_ids, server_round=self.server_round, query=query, state=state)
+        content["fednorm"]["secure"] = True
+        got, failed = self._exchange(protocol.QUERY, content, f"{self.server_round}.{query}")
+        answers: dict[int, dict[str, torch.Tensor]] = {}
+        nodes = []
+        for node, reply in got.items():
+            part = record_to_bank(reply["answers"], self.device)
+            if part:
+                nodes.append(node)
+            answers.update(part)
+        missing = [c for c in client_ids if c not in answers]
+        if missing:
+            raise RoundFailedError(f"query '{query}' after round {self.server_round}: no answer for clients {missing} "
+                                   f"({'; '.join(failed.values()) or 'no SuperNode hosts them'})")
+        self._read_layout(got.values())
+        layers, channels = self._secure_layout
+        total = sum(float(answers[c][f"{layers[0]}.count"]) for c in client_ids) if layers else 0.0
+        mean = secure_mean(self.grid, nodes, self.server_round, max_weight=max(total, 1.0), timeout=self.timeout)
+        self.exchanges += 4
+        pooled = pooled_from_sums(torch.from_numpy(mean), layers, channels, total)
+        out = {}
+        for c in client_ids:
+            out[c] = dict(answers[c])
+            for p, (_, mu, var) in pooled.items():
+                out[c][f"{p}.mean"], out[c][f"{p}.var"] = mu.to(self.device), var.to(self.device)
+        return out
 
     def query_clients(
         self, client_ids: list[int], query: str, state: dict[str, torch.Tensor] | None = None
     ) -> dict[int, dict[str, torch.Tensor]]:
+        if self.secure and query != "evaluate":
+            return self._secure_query(client_ids, query, state)
         message_type = protocol.EVALUATE if query == "evaluate" else protocol.QUERY
         content = self._content(client_ids, server_round=self.server_round, query=query, state=state)
         got, failed = self._exchange(message_type, content, f"{self.server_round}.{query}")

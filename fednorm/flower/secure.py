@@ -51,32 +51,77 @@ def check_secure(method: Any, config: Any) -> None:
                "reveals only their sum")
     elif inner.name == "fbn":
         why = "FBN's Eq. 9-10 combine each client's per-step statistics with its counts (not yet a secure sum here)"
-    elif inner.name == "hbn":
-        why = "HBN's statistics passes outside the round (initial pass, evaluation re-sync, round T+1) are plain queries"
     elif getattr(config, "dp_clip", None) is not None:
         why = "the differential-privacy mechanism runs in the in-process simulator only"
     if why is not None:
         raise ConfigError(f"secure aggregation does not work with method '{inner.name}': {why}")
 
 
+def statistics_layers(keys: Any) -> list[str]:
+    """The prefixes ``P`` of uploaded statistics ``P.count``, ``P.mean``, ``P.var`` (HBN's), sorted."""
+    keys = set(keys)
+    return sorted(k[: -len(".count")] for k in keys if k.endswith(".count") and f"{k[:-6]}.mean" in keys and f"{k[:-6]}.var" in keys)
+
+
+def statistics_sums(rows: list[dict[str, torch.Tensor]], layers: list[str], total: float) -> torch.Tensor:
+    """Per layer ``[Σ c·mean, Σ c·(var + mean²), Σ c] / total`` over ``rows`` (each a client's
+    ``P.count``, ``P.mean``, biased ``P.var``): linear in the clients' values, so their secure
+    sum gives the exact pooled statistics (HBN's Eq. 8) back (:func:`pooled_from_sums`)."""
+    parts = []
+    for p in layers:
+        c = torch.stack([r[f"{p}.count"].double().reshape(()) for r in rows])
+        m = torch.stack([r[f"{p}.mean"].double() for r in rows])
+        v = torch.stack([r[f"{p}.var"].double() for r in rows])
+        parts += [(c.unsqueeze(-1) * m).sum(0) / total, (c.unsqueeze(-1) * (v + m * m)).sum(0) / total,
+                  c.sum().reshape(1) / total]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def secure_layout(uploads: Any) -> str:
+    """The statistics layers and channels of an upload, as JSON (``{prefix: channels}``)."""
+    import json
+
+    layers = statistics_layers(uploads)
+    return json.dumps({p: int(uploads[f"{p}.mean"].shape[-1]) for p in layers})
+
+
+def pooled_from_sums(flat: torch.Tensor, layers: list[str], channels: dict[str, int], total: float) -> dict[str, tuple[float, torch.Tensor, torch.Tensor]]:
+    """``{P: (count, mean, biased var)}`` of the union from the aggregated :func:`statistics_sums`
+    (``total``: the weight they were divided by, summed over nodes)."""
+    out, start = {}, 0
+    for p in layers:
+        n = channels[p]
+        s1, s2, c = flat[start:start + n] * total, flat[start + n:start + 2 * n] * total, float(flat[start + 2 * n]) * total
+        start += 2 * n + 1
+        mean = s1 / c
+        out[p] = (c, mean, (s2 / c - mean * mean).clamp_min(0))
+    return out
+
+
 def node_vector(method: Any, updates: Any, global_state: dict[str, torch.Tensor]) -> tuple[np.ndarray, float]:
     """``(x_n, W_n)``: the node's weighted mean update over the shared floating tensors (in
-    ``method.shared_keys`` order) and its total weight. Refuses extra uploads (e.g. SCAFFOLD's)."""
-    if updates.extras:
-        raise ConfigError(f"secure aggregation covers model updates only; this run also uploads {sorted(updates.extras)[:3]}")
+    ``method.shared_keys`` order), then its clients' statistics sums (:func:`statistics_sums`),
+    and its total weight. Refuses other uploads (e.g. SCAFFOLD's control variates)."""
+    layers = statistics_layers(updates.extras)
+    other = set(updates.extras) - {f"{p}.{s}" for p in layers for s in ("count", "mean", "var")}
+    if other:
+        raise ConfigError(f"secure aggregation covers model updates and statistics; this run also uploads {sorted(other)[:3]}")
     w = method.client_weights(updates).to(torch.float64)
-    total = float(w.sum())
+    total = max(float(w.sum()), 1e-300)
     parts = []
     for k in method.shared_keys:
         if not global_state[k].is_floating_point():
             continue
         delta = updates.states[k].double() - global_state[k].double()
-        parts.append(torch.tensordot(w, delta, dims=1).reshape(-1) / max(total, 1e-300))
-    return torch.cat(parts).numpy(), total
+        parts.append(torch.tensordot(w, delta, dims=1).reshape(-1) / total)
+    rows = [{k: v[i] for k, v in updates.extras.items()} for i in range(len(updates))]
+    parts.append(statistics_sums(rows, layers, total))
+    return torch.cat(parts).numpy(), float(w.sum())
 
 
-def apply_mean(method: Any, global_state: dict[str, torch.Tensor], mean: np.ndarray) -> dict[str, torch.Tensor]:
-    """``θ + mean update`` for the shared tensors (integer ones keep the global value)."""
+def apply_mean(method: Any, global_state: dict[str, torch.Tensor], mean: np.ndarray) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """``θ + mean update`` for the shared tensors (integer ones keep the global value), and the
+    rest of the aggregated vector (the statistics sums)."""
     out, start = {}, 0
     flat = torch.from_numpy(np.asarray(mean, dtype=np.float64))
     for k in method.shared_keys:
@@ -87,9 +132,7 @@ def apply_mean(method: Any, global_state: dict[str, torch.Tensor], mean: np.ndar
         n = g.numel()
         out[k] = (g.double() + flat[start:start + n].reshape(g.shape).to(g.device)).to(g.dtype)
         start += n
-    if start != flat.numel():
-        raise ConfigError(f"the securely aggregated vector has {flat.numel()} entries, the model's shared tensors {start}")
-    return out
+    return out, flat[start:]
 
 
 # -- the ClientApp side ---------------------------------------------------------------------

@@ -30,7 +30,8 @@ def test_weighted_node_vectors_combine_to_the_methods_weighted_mean_in_float64()
     vectors = [node_vector(method, n, glob) for n in nodes]
     total = sum(w for _, w in vectors)
     mean = sum(w * x for x, w in vectors) / total  # what SecAgg+ unmasks, before quantization
-    got = apply_mean(method, glob, mean)
+    got, rest = apply_mean(method, glob, mean)
+    assert rest.numel() == 0  # no statistics uploads here
     for key in method.shared_keys:
         if glob[key].is_floating_point():
             torch.testing.assert_close(got[key], weighted_average(states[key], ups.num_examples), rtol=0, atol=1e-12)
@@ -38,7 +39,6 @@ def test_weighted_node_vectors_combine_to_the_methods_weighted_mean_in_float64()
 
 @pytest.mark.parametrize("overrides, why", [
     (dict(method="fedtan"), "layer by layer"),
-    (dict(method="hbn", norm="hbn"), "plain queries"),
     (dict(method="fbn", norm="fbn"), "Eq. 9-10"),
     (dict(aggregator="median"), "reveals only their sum"),
 ])
@@ -48,6 +48,28 @@ def test_methods_that_need_each_clients_value_are_refused(overrides: dict, why: 
     sim = Simulation(load_config(overrides=dict(num_clients=3, rounds=1, **overrides)))
     with pytest.raises(ConfigError, match=why):
         check_secure(sim.method, sim.config)
+
+
+def test_statistics_sums_give_the_exact_pooled_statistics_in_float64() -> None:
+    from fednorm.flower.secure import pooled_from_sums, statistics_layers, statistics_sums
+    from fednorm.nn.functional import pooled_stats
+
+    g = torch.Generator().manual_seed(0)
+    rows = [{"hbn.l.count": torch.tensor(float(n), dtype=torch.float64),
+             "hbn.l.mean": torch.randn(3, generator=g, dtype=torch.float64) * (i + 1),
+             "hbn.l.var": torch.rand(3, generator=g, dtype=torch.float64) + i} for i, n in enumerate((5, 9, 2))]
+    layers = statistics_layers(rows[0])
+    assert layers == ["hbn.l"]
+    # two nodes: clients {0, 1} and {2}, each dividing by its own total weight (here its counts)
+    parts = [(statistics_sums(rows[:2], layers, 14.0), 14.0), (statistics_sums(rows[2:], layers, 2.0), 2.0)]
+    total = 16.0
+    mean = sum(w * x for x, w in parts) / total
+    count, mu, var = pooled_from_sums(mean, layers, {"hbn.l": 3}, total)["hbn.l"]
+    ref_n, ref_mu, ref_var = pooled_stats(torch.tensor([5.0, 9.0, 2.0], dtype=torch.float64),
+                                          torch.stack([r["hbn.l.mean"] for r in rows]), torch.stack([r["hbn.l.var"] for r in rows]))
+    assert count == pytest.approx(float(ref_n), rel=1e-12)
+    torch.testing.assert_close(mu, ref_mu, rtol=0, atol=1e-12)
+    torch.testing.assert_close(var, ref_var, rtol=0, atol=1e-12)
 
 
 def test_secagg_on_the_simulation_engine_equals_the_plain_aggregate_to_quantization_error() -> None:
@@ -65,3 +87,23 @@ def test_secagg_on_the_simulation_engine_equals_the_plain_aggregate_to_quantizat
     worst = max(float((secure[k] - v).abs().max()) for k, v in plain.items() if v.is_floating_point())
     assert 0 < worst <= bound  # not the plain values (it went through the protocol), within its error
     assert result.summary["flower_exchanges"] >= 5  # the train message and SecAgg+'s four stages
+
+
+def test_hbn_under_secagg_pools_its_statistics_from_the_secure_sums() -> None:
+    pytest.importorskip("ray")
+    from fednorm.api import run
+    from fednorm.flower import run_simulation
+
+    cfg = load_config(overrides=dict(method="hbn", norm="hbn", num_clients=4, rounds=1, local_steps=2, threads=1,
+                                     method_args={"initial_pass": False, "final_sync": False}))
+    plain = run(cfg, write=False, progress=False)
+    result = run_simulation(cfg, num_nodes=2, num_cpus=2, cpus_per_node=1, write=False, secure=True)
+    bound = 2 * 2 * CLIPPING_RANGE / QUANTIZATION_RANGE
+    for k, v in plain.simulation.global_state.items():  # weights and the pooled statistics (Eq. 8, 11)
+        if v.is_floating_point():
+            # the variance is E[x²] − mean², so it carries the error of both sums
+            tol = bound * (2 + 2 * float(v.abs().max())) if k.endswith("running_var") else bound + 1e-6
+            assert float((result.simulation.global_state[k] - v).abs().max()) <= tol, k
+    # the evaluation re-sync ran as a secure statistics query: the same accuracy as in process
+    assert abs(result.history[-1]["test_accuracy"] - plain.history[-1]["test_accuracy"]) <= 1 / 359
+    assert result.summary["flower_exchanges"] >= 10  # train + 4 stages, query + 4 stages
