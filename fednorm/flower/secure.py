@@ -1,5 +1,5 @@
-"""Secure aggregation of a round's updates with Flower's SecAgg+ (issue 22): the server learns
-only the weighted sum of the clients' updates, never one client's.
+"""Secure aggregation of a round's updates and statistics with Flower's SecAgg+ (issue 22): the
+server learns only weighted sums over the clients, never one SuperNode's values.
 
 A secure round has two exchanges:
 
@@ -18,9 +18,11 @@ mean, the round's accounting and metrics run unchanged. Values are clipped to
 ``±clipping_range`` and quantized to ``quantization_range`` levels by the protocol: the aggregate
 equals the plain one to ``2 · clipping_range / quantization_range`` per node (tested).
 
-Only methods whose server step is a weighted mean of what clients upload can run so (FedAvg with
-any norm, FedBN, SiloBN, FedAvg with FedProx/MOON or a server optimizer); :func:`check_secure`
-refuses the others, saying why.
+HBN's statistics travel as sums ``[Σ c·mean, Σ c·(var + mean²), Σ c] / W_n`` appended to the
+node vector (:func:`statistics_sums`), linear in the clients' values, so the unmasked total gives
+the exact pooled statistics back (:func:`pooled_from_sums`); its statistics queries outside the
+round go the same way. Methods whose server step needs more than such sums are refused by
+:func:`check_secure`, saying why. docs/privacy.md describes it.
 """
 
 from __future__ import annotations
