@@ -58,7 +58,8 @@ def resolve_config(config: ExperimentConfig | Mapping[str, Any] | str | Path | N
 
 
 # Settings that may change when a run is resumed; every other field must match the checkpoint.
-RESUMABLE_OVERRIDES = ("rounds", "eval_every", "eval_last_rounds", "eval_batch_size", "checkpoint_every", "threads", "out", "device")
+RESUMABLE_OVERRIDES = ("rounds", "eval_every", "eval_last_rounds", "eval_batch_size", "checkpoint_every", "threads", "out", "device",
+                       "diagnostics")  # diagnostics measure, they do not change training
 
 
 class _StopRequest:

@@ -157,3 +157,12 @@ def test_remote_runtimes_refuse_diagnostics() -> None:
 
     with pytest.raises(ConfigError, match="in-process simulator only"):
         Remote(load_config(overrides=dict(num_clients=2, rounds=1, diagnostics="every:1")))
+
+
+def test_diagnostics_can_be_switched_on_when_resuming(tmp_path) -> None:
+    from fednorm.api import run
+
+    out = tmp_path / "run"
+    run(dict(num_clients=2, rounds=1, local_steps=1, threads=1, out=str(out)), progress=False)
+    res = run(resume=out, rounds=2, diagnostics="every:1", progress=False)
+    assert "diag/seconds" in res.history[-1] and "diag/seconds" not in res.history[0]
