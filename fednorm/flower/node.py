@@ -99,11 +99,13 @@ def handle(message_type: str, content: RecordDict, state: RecordDict, node_confi
             updates = sim.executor.run_round(server_round, mine, sim.global_state, float(head["lr"])) if mine else None
             if updates is not None:
                 if "secure" in head and bool(head["secure"]):  # SecAgg+: keep the node's sum, reply metadata only
-                    from .secure import keep_vector, node_vector, secure_layout
+                    from .secure import keep_vector, node_vector, secure_layout, secure_steps
 
-                    keep_vector(state, *node_vector(sim.method, updates, sim.global_state))
-                    meta["secure-stats"] = secure_layout(updates.extras)
-                    updates = dataclasses.replace(updates, states={}, extras={})
+                    steps = secure_steps(sim.config)
+                    keep_vector(state, *node_vector(sim.method, updates, sim.global_state, steps))
+                    meta["secure-stats"] = secure_layout(updates.extras, steps)
+                    counts = {k: v for k, v in updates.extras.items() if k.endswith(".count")}  # public metadata
+                    updates = dataclasses.replace(updates, states={}, extras=counts)
                 reply["updates"], extra = updates_to_record(updates)
                 meta.update(extra)
                 meta["samples-seen"] = int(sim.executor.last_samples_seen)

@@ -92,7 +92,7 @@ class FlowerSimulation(Simulation):
         super().__init__(config, data)
         check_round_based(config.method, self.method.requires_lockstep)
         self.secure = secure  # SecAgg+ of the updates and statistics (fednorm.flower.secure)
-        self._secure_layout: tuple[list[str], dict[str, int]] = ([], {})
+        self._secure_layout: dict[str, list[int]] = {}  # statistics prefix -> [channels, steps]
         if secure:
             from .secure import check_secure
 
@@ -200,7 +200,7 @@ class FlowerSimulation(Simulation):
     def _secure_rows(self, merged: ClientUpdates, nodes: list[int], server_round: int) -> ClientUpdates:
         """Every client's row set to ``θ + the SecAgg+ weighted mean update`` (the nodes replied
         metadata only), so the method's weighted mean is that mean."""
-        from .secure import apply_mean, pooled_from_sums, secure_mean
+        from .secure import apply_mean, fbn_rows_from_sums, pooled_from_sums, secure_mean
 
         weight = float(self.method.client_weights(merged).sum())
         mean = secure_mean(self.grid, nodes, server_round, max_weight=max(weight, 1.0), timeout=self.timeout)
@@ -208,11 +208,16 @@ class FlowerSimulation(Simulation):
         rows, rest = apply_mean(self.method, self.global_state, mean)
         k = len(merged)
         states = {key: v.unsqueeze(0).expand(k, *v.shape).clone() for key, v in rows.items()}
-        extras: dict[str, torch.Tensor] = {}
-        for p, (count, mu, var) in pooled_from_sums(rest, *self._secure_layout, weight).items():
-            extras[f"{p}.count"] = torch.full((k,), count / k, dtype=torch.float64)
+        extras: dict[str, torch.Tensor] = dict(merged.extras)  # the clients' counts (public)
+        layout = self._secure_layout
+        for p, (_, mu, var) in pooled_from_sums(rest, layout, weight).items():  # HBN: the pooled statistics
             extras[f"{p}.mean"] = mu.unsqueeze(0).expand(k, -1).clone()
             extras[f"{p}.var"] = var.unsqueeze(0).expand(k, -1).clone()
+        inner = getattr(self.method, "inner", self.method)
+        momenta = {f"fbn.{n}": b for n, b in getattr(inner, "momenta", {}).items()}
+        counts = {p: merged.extras[f"{p}.count"] for p, (_, steps) in layout.items() if steps}
+        for p, (mu, var) in fbn_rows_from_sums(rest, layout, weight, counts, momenta).items():  # FBN: per step
+            extras[f"{p}.mean"], extras[f"{p}.var"] = mu, var
         return dataclasses.replace(merged, states=states, extras=extras)
 
     def _read_layout(self, replies: Any) -> None:
@@ -222,8 +227,7 @@ class FlowerSimulation(Simulation):
         for reply in replies:
             head = reply["fednorm"]
             if "secure-stats" in head:
-                layout = json.loads(str(head["secure-stats"]))
-                self._secure_layout = (list(layout), layout)
+                self._secure_layout = json.loads(str(head["secure-stats"]))
                 return
 
     def _secure_query(self, client_ids: list[int], query: str, state: dict[str, torch.Tensor] | None) -> dict[int, dict[str, torch.Tensor]]:
@@ -247,11 +251,11 @@ class FlowerSimulation(Simulation):
             raise RoundFailedError(f"query '{query}' after round {self.server_round}: no answer for clients {missing} "
                                    f"({'; '.join(failed.values()) or 'no SuperNode hosts them'})")
         self._read_layout(got.values())
-        layers, channels = self._secure_layout
+        layers = list(self._secure_layout)
         total = sum(float(answers[c][f"{layers[0]}.count"]) for c in client_ids) if layers else 0.0
         mean = secure_mean(self.grid, nodes, self.server_round, max_weight=max(total, 1.0), timeout=self.timeout)
         self.exchanges += 4
-        pooled = pooled_from_sums(torch.from_numpy(mean), layers, channels, total)
+        pooled = pooled_from_sums(torch.from_numpy(mean), self._secure_layout, total)
         out = {}
         for c in client_ids:
             out[c] = dict(answers[c])

@@ -51,8 +51,9 @@ def check_secure(method: Any, config: Any) -> None:
     elif method.robust or config.attack != "none":
         why = (f"the aggregator '{config.aggregator}' (or nnm) needs each client's update, and secure aggregation "
                "reveals only their sum")
-    elif inner.name == "fbn":
-        why = "FBN's Eq. 9-10 combine each client's per-step statistics with its counts (not yet a secure sum here)"
+    elif inner.name == "fbn" and (inner.mode != "exact" or secure_steps(config) == 0):
+        why = ("FBN's per-step statistics need the same number of steps on every SuperNode and the exact mode "
+               "(set local_steps or dsgd; mode exact)")
     elif getattr(config, "dp_clip", None) is not None:
         why = "the differential-privacy mechanism runs in the in-process simulator only"
     if why is not None:
@@ -79,20 +80,44 @@ def statistics_sums(rows: list[dict[str, torch.Tensor]], layers: list[str], tota
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
 
 
-def secure_layout(uploads: Any) -> str:
-    """The statistics layers and channels of an upload, as JSON (``{prefix: channels}``)."""
+def step_sums(count: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, steps: int, total: float) -> torch.Tensor:
+    """Per local step ``e`` ``[Σ_i K·u, Σ_i K·v, Σ_i K·u²] / total`` of FBN's one-step copies
+    (``count [K, E']``, ``mean``/``var [K, E', C]``; steps beyond E' count 0), padded to ``steps``:
+    what Eq. 9-10 need besides the public counts (:func:`fbn_rows_from_sums`)."""
+    k, e_have, c = mean.shape
+    out = torch.zeros(steps, 3, c, dtype=torch.float64)
+    e = min(e_have, steps)
+    w = count[:, :e].double().unsqueeze(-1)
+    u, v = mean[:, :e].double(), var[:, :e].double()
+    out[:e, 0] = (w * u).sum(0)
+    out[:e, 1] = (w * v).sum(0)
+    out[:e, 2] = (w * u * u).sum(0)
+    return (out / total).reshape(-1)
+
+
+def secure_layout(uploads: Any, steps: int = 0) -> str:
+    """The statistics layers of an upload as JSON ``{prefix: [channels, steps]}``: steps 0 for
+    pooled statistics (HBN's, the statistics queries), the local steps for FBN's per-step copies."""
     import json
 
     layers = statistics_layers(uploads)
-    return json.dumps({p: int(uploads[f"{p}.mean"].shape[-1]) for p in layers})
+    return json.dumps({p: [int(uploads[f"{p}.mean"].shape[-1]), steps if steps and uploads[f"{p}.count"].dim() == 2 else 0]
+                       for p in layers})
 
 
-def pooled_from_sums(flat: torch.Tensor, layers: list[str], channels: dict[str, int], total: float) -> dict[str, tuple[float, torch.Tensor, torch.Tensor]]:
+def secure_steps(config: Any) -> int:
+    """The local steps every client takes (FBN's per-step statistics need one length on every node)."""
+    return 1 if config.dsgd else int(config.local_steps or 0)
+
+
+def pooled_from_sums(flat: torch.Tensor, layout: dict[str, list[int]], total: float) -> dict[str, tuple[float, torch.Tensor, torch.Tensor]]:
     """``{P: (count, mean, biased var)}`` of the union from the aggregated :func:`statistics_sums`
-    (``total``: the weight they were divided by, summed over nodes)."""
+    (``total``: the weight they were divided by, summed over nodes); per-step layers are skipped."""
     out, start = {}, 0
-    for p in layers:
-        n = channels[p]
+    for p, (n, steps) in layout.items():
+        if steps:
+            start += steps * 3 * n
+            continue
         s1, s2, c = flat[start:start + n] * total, flat[start + n:start + 2 * n] * total, float(flat[start + 2 * n]) * total
         start += 2 * n + 1
         mean = s1 / c
@@ -100,10 +125,33 @@ def pooled_from_sums(flat: torch.Tensor, layers: list[str], channels: dict[str, 
     return out
 
 
-def node_vector(method: Any, updates: Any, global_state: dict[str, torch.Tensor]) -> tuple[np.ndarray, float]:
+def fbn_rows_from_sums(flat: torch.Tensor, layout: dict[str, list[int]], total: float, counts: dict[str, torch.Tensor],
+                       momenta: dict[str, float]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """For each per-step layer, every client's ``(mean, var) [K, E, C]`` rows such that FBN's
+    Eq. 9-10 over them equal Eq. 9-10 over the clients' own copies: mean ``ū = ΣKu/M`` and
+    variance ``ΣKv/M + (ΣKu²/M − ū²)/β`` (the between-client term moved into the variance; M the
+    step's count, β the layer's momentum)."""
+    out, start = {}, 0
+    for p, (n, steps) in layout.items():
+        if not steps:
+            start += 2 * n + 1
+            continue
+        sums = flat[start:start + steps * 3 * n].reshape(steps, 3, n) * total
+        start += steps * 3 * n
+        k = counts[p].shape[0]
+        m = counts[p].double().sum(0)  # [E]
+        safe = m.clamp_min(1e-300).unsqueeze(-1)
+        mean = sums[:, 0] / safe
+        var = sums[:, 1] / safe + (sums[:, 2] / safe - mean * mean) / momenta[p]
+        out[p] = (mean.unsqueeze(0).expand(k, -1, -1).clone(), var.unsqueeze(0).expand(k, -1, -1).clone())
+    return out
+
+
+def node_vector(method: Any, updates: Any, global_state: dict[str, torch.Tensor], steps: int = 0) -> tuple[np.ndarray, float]:
     """``(x_n, W_n)``: the node's weighted mean update over the shared floating tensors (in
-    ``method.shared_keys`` order), then its clients' statistics sums (:func:`statistics_sums`),
-    and its total weight. Refuses other uploads (e.g. SCAFFOLD's control variates)."""
+    ``method.shared_keys`` order), then its clients' statistics as sums (pooled:
+    :func:`statistics_sums`; FBN's per-step copies: :func:`step_sums` over ``steps`` steps), and
+    its total weight. Refuses other uploads (e.g. SCAFFOLD's control variates)."""
     layers = statistics_layers(updates.extras)
     other = set(updates.extras) - {f"{p}.{s}" for p in layers for s in ("count", "mean", "var")}
     if other:
@@ -116,8 +164,13 @@ def node_vector(method: Any, updates: Any, global_state: dict[str, torch.Tensor]
             continue
         delta = updates.states[k].double() - global_state[k].double()
         parts.append(torch.tensordot(w, delta, dims=1).reshape(-1) / total)
-    rows = [{k: v[i] for k, v in updates.extras.items()} for i in range(len(updates))]
-    parts.append(statistics_sums(rows, layers, total))
+    ex = updates.extras
+    for p in layers:
+        if steps and ex[f"{p}.count"].dim() == 2:
+            parts.append(step_sums(ex[f"{p}.count"], ex[f"{p}.mean"], ex[f"{p}.var"], steps, total))
+        else:
+            rows = [{f"{p}.{s}": ex[f"{p}.{s}"][i] for s in ("count", "mean", "var")} for i in range(len(updates))]
+            parts.append(statistics_sums(rows, [p], total))
     return torch.cat(parts).numpy(), float(w.sum())
 
 

@@ -39,7 +39,7 @@ def test_weighted_node_vectors_combine_to_the_methods_weighted_mean_in_float64()
 
 @pytest.mark.parametrize("overrides, why", [
     (dict(method="fedtan"), "layer by layer"),
-    (dict(method="fbn", norm="fbn"), "Eq. 9-10"),
+    (dict(method="fbn", norm="fbn"), "same number of steps"),
     (dict(aggregator="median"), "reveals only their sum"),
 ])
 def test_methods_that_need_each_clients_value_are_refused(overrides: dict, why: str) -> None:
@@ -64,12 +64,43 @@ def test_statistics_sums_give_the_exact_pooled_statistics_in_float64() -> None:
     parts = [(statistics_sums(rows[:2], layers, 14.0), 14.0), (statistics_sums(rows[2:], layers, 2.0), 2.0)]
     total = 16.0
     mean = sum(w * x for x, w in parts) / total
-    count, mu, var = pooled_from_sums(mean, layers, {"hbn.l": 3}, total)["hbn.l"]
+    count, mu, var = pooled_from_sums(mean, {"hbn.l": [3, 0]}, total)["hbn.l"]
     ref_n, ref_mu, ref_var = pooled_stats(torch.tensor([5.0, 9.0, 2.0], dtype=torch.float64),
                                           torch.stack([r["hbn.l.mean"] for r in rows]), torch.stack([r["hbn.l.var"] for r in rows]))
     assert count == pytest.approx(float(ref_n), rel=1e-12)
     torch.testing.assert_close(mu, ref_mu, rtol=0, atol=1e-12)
     torch.testing.assert_close(var, ref_var, rtol=0, atol=1e-12)
+
+
+def test_fbn_step_sums_give_eq_9_10_of_the_clients_own_copies_in_float64() -> None:
+    import json
+
+    from fednorm.engine.simulator import Simulation
+    from fednorm.flower.secure import fbn_rows_from_sums, secure_layout
+
+    sim = Simulation(load_config(overrides=dict(method="fbn", norm="fbn", num_clients=3, rounds=1, local_steps=2, threads=1,
+                                                dtype="float64", method_args={"initial_pass": False})))
+    sim.begin_round()
+    updates = sim.train_clients(1, [0, 1, 2], 0.05)
+    glob = sim.global_state
+    plain = sim.method.aggregate_statistics(glob, updates)
+    nodes = [updates.subset([0, 1]), updates.subset([2])]
+    vectors = [node_vector(sim.method, n, glob, steps=2) for n in nodes]
+    total = sum(w for _, w in vectors)
+    _, rest = apply_mean(sim.method, glob, sum(w * x for x, w in vectors) / total)
+    layout = json.loads(secure_layout(updates.extras, 2))
+    assert all(steps == 2 for _, steps in layout.values())
+    counts = {p: updates.extras[f"{p}.count"] for p in layout}
+    momenta = {f"fbn.{n}": b for n, b in sim.method.momenta.items()}
+    rows = fbn_rows_from_sums(rest, layout, total, counts, momenta)
+    extras = dict(updates.extras)
+    for p, (mu, var) in rows.items():
+        extras[f"{p}.mean"], extras[f"{p}.var"] = mu, var
+    import dataclasses
+
+    got = sim.method.aggregate_statistics(glob, dataclasses.replace(updates, extras=extras))
+    for k, v in plain.items():
+        torch.testing.assert_close(got[k], v, rtol=0, atol=1e-10)
 
 
 def test_secagg_on_the_simulation_engine_equals_the_plain_aggregate_to_quantization_error() -> None:
@@ -107,3 +138,31 @@ def test_hbn_under_secagg_pools_its_statistics_from_the_secure_sums() -> None:
     # the evaluation re-sync ran as a secure statistics query: the same accuracy as in process
     assert abs(result.history[-1]["test_accuracy"] - plain.history[-1]["test_accuracy"]) <= 1 / 359
     assert result.summary["flower_exchanges"] >= 10  # train + 4 stages, query + 4 stages
+
+
+def test_fbn_under_secagg_on_the_simulation_engine() -> None:
+    pytest.importorskip("ray")
+    from fednorm.api import run
+    from fednorm.flower import run_simulation
+
+    cfg = load_config(overrides=dict(method="fbn", norm="fbn", num_clients=4, rounds=1, local_steps=2, threads=1,
+                                     method_args={"initial_pass": False}))
+    ref = run(cfg, write=False, progress=False).simulation
+    plain = ref.global_state
+    secure = run_simulation(cfg, num_nodes=2, num_cpus=2, cpus_per_node=1, write=False, secure=True).simulation.global_state
+    bound = 2 * 2 * CLIPPING_RANGE / QUANTIZATION_RANGE
+    # The statistics sums travel divided by the nodes' FedAvg weight (their sample counts) and come
+    # back divided by a step's batch count M_e: their error is the bound times sum(W) / M_e, per
+    # replayed step; the variance adds the squared means' sum divided by beta (0.1).
+    sizes = [len(ix) for ix in ref.data.client_train]
+    m = min(sum(min(cfg.batch_size, max(0, n - cfg.batch_size * e)) for n in sizes) for e in range(2))
+    amp = 2 * bound * sum(sizes) / m
+    for k, v in plain.items():
+        if v.is_floating_point():
+            if k.endswith("running_mean"):
+                tol = amp
+            elif k.endswith("running_var"):
+                tol = amp * (1 + (1 + 2 * float(secure[k.replace("var", "mean")].abs().max())) / 0.1)
+            else:
+                tol = bound + 1e-6
+            assert float((secure[k] - v).abs().max()) <= tol, k
