@@ -27,7 +27,7 @@ def _reply(msg: Message, context: Context) -> Message:
 @app.train(mods=[secure_mod])
 def train(msg: Message, context: Context) -> Message:
     if "fednorm" not in msg.content.config_records:  # SecAgg+'s collect stage (fednorm.flower.secure)
-        return Message(fit_reply(context.state), reply_to=msg)
+        return Message(fit_reply(context.state, msg.content), reply_to=msg)
     return _reply(msg, context)
 
 

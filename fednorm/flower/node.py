@@ -16,6 +16,8 @@ import dataclasses
 import json
 from typing import Any
 
+import numpy as np
+import torch
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from ..config import ExperimentConfig
@@ -122,7 +124,8 @@ def handle(message_type: str, content: RecordDict, state: RecordDict, node_confi
                 rows = [answers[c] for c in mine]
                 layers = statistics_layers(rows[0])
                 counts = sum(float(r[f"{layers[0]}.count"]) for r in rows) if layers else 0.0
-                keep_vector(state, statistics_sums(rows, layers, max(counts, 1e-300)).numpy(), counts)
+                sums = [statistics_sums(rows, [p], max(counts, 1e-300)) for p in layers]
+                keep_vector(state, torch.cat(sums).numpy() if sums else np.zeros(0), counts, [0] + [len(x) for x in sums])
                 meta["secure-stats"] = secure_layout(rows[0])
                 answers = {c: {k: v for k, v in a.items() if k.endswith(".count")} for c, a in answers.items()}
             reply["answers"] = bank_to_record(answers)

@@ -200,12 +200,19 @@ class FlowerSimulation(Simulation):
     def _secure_rows(self, merged: ClientUpdates, nodes: list[int], server_round: int) -> ClientUpdates:
         """Every client's row set to ``θ + the SecAgg+ weighted mean update`` (the nodes replied
         metadata only), so the method's weighted mean is that mean."""
-        from .secure import apply_mean, fbn_rows_from_sums, pooled_from_sums, secure_mean
+        from .secure import apply_mean, fbn_rows_from_sums, layer_scales, pooled_from_sums, secure_mean, unscale
 
         weight = float(self.method.client_weights(merged).sum())
-        mean = secure_mean(self.grid, nodes, server_round, max_weight=max(weight, 1.0), timeout=self.timeout)
+        # The statistics sums travel divided by the nodes' weights; each layer's scaled by the public
+        # ΣW / (its smallest step count) they are back at the statistics' own magnitude, so the
+        # protocol's quantization costs them no more than it costs the update.
+        counts = {p: merged.extras[f"{p}.count"] for p in self._secure_layout}
+        scales = layer_scales(self._secure_layout, counts, weight)
+        mean = secure_mean(self.grid, nodes, server_round, max_weight=max(weight, 1.0), timeout=self.timeout,
+                           stats_scales=scales)
         self.exchanges += 4  # the protocol's setup, share keys, collect masked vectors, unmask
         rows, rest = apply_mean(self.method, self.global_state, mean)
+        rest = unscale(rest, self._secure_layout, scales)
         k = len(merged)
         states = {key: v.unsqueeze(0).expand(k, *v.shape).clone() for key, v in rows.items()}
         extras: dict[str, torch.Tensor] = dict(merged.extras)  # the clients' counts (public)
@@ -234,7 +241,7 @@ class FlowerSimulation(Simulation):
         """A statistics query under SecAgg+: the nodes keep their clients' statistics sums; the
         server unmasks their total, the pooled statistics, and answers every client with them
         (its own public count), so the method pools exactly what it would from plain answers."""
-        from .secure import pooled_from_sums, secure_mean
+        from .secure import layer_scales, pooled_from_sums, secure_mean, unscale
 
         content = self._content(client_ids, server_round=self.server_round, query=query, state=state)
         content["fednorm"]["secure"] = True
@@ -253,9 +260,12 @@ class FlowerSimulation(Simulation):
         self._read_layout(got.values())
         layers = list(self._secure_layout)
         total = sum(float(answers[c][f"{layers[0]}.count"]) for c in client_ids) if layers else 0.0
-        mean = secure_mean(self.grid, nodes, self.server_round, max_weight=max(total, 1.0), timeout=self.timeout)
+        counts = {p: torch.stack([answers[c][f"{p}.count"].double().reshape(()) for c in client_ids]) for p in layers}
+        scales = layer_scales(self._secure_layout, counts, total)  # layers count values per channel differently
+        mean = secure_mean(self.grid, nodes, self.server_round, max_weight=max(total, 1.0), timeout=self.timeout,
+                           stats_scales=scales)
         self.exchanges += 4
-        pooled = pooled_from_sums(torch.from_numpy(mean), self._secure_layout, total)
+        pooled = pooled_from_sums(unscale(torch.from_numpy(mean), self._secure_layout, scales), self._secure_layout, total)
         out = {}
         for c in client_ids:
             out[c] = dict(answers[c])

@@ -27,6 +27,7 @@ round go the same way. Methods whose server step needs more than such sums are r
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -98,8 +99,6 @@ def step_sums(count: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, steps:
 def secure_layout(uploads: Any, steps: int = 0) -> str:
     """The statistics layers of an upload as JSON ``{prefix: [channels, steps]}``: steps 0 for
     pooled statistics (HBN's, the statistics queries), the local steps for FBN's per-step copies."""
-    import json
-
     layers = statistics_layers(uploads)
     return json.dumps({p: [int(uploads[f"{p}.mean"].shape[-1]), steps if steps and uploads[f"{p}.count"].dim() == 2 else 0]
                        for p in layers})
@@ -108,6 +107,28 @@ def secure_layout(uploads: Any, steps: int = 0) -> str:
 def secure_steps(config: Any) -> int:
     """The local steps every client takes (FBN's per-step statistics need one length on every node)."""
     return 1 if config.dsgd else int(config.local_steps or 0)
+
+
+def layer_scales(layout: dict[str, list[int]], counts: dict[str, torch.Tensor], weight: float) -> list[float]:
+    """The public scale of each statistics layer's segment: ``ΣW / M``, M its smallest nonzero step
+    count (pooled layers: its total count), so the scaled sums are of the statistics' magnitude."""
+    out = []
+    for p in layout:
+        c = counts[p].double()
+        per_step = c.sum(0).reshape(-1) if c.dim() else c.reshape(-1)
+        nonzero = per_step[per_step > 0]
+        out.append(weight / float(nonzero.min()) if len(nonzero) else 1.0)
+    return out
+
+
+def unscale(rest: torch.Tensor, layout: dict[str, list[int]], scales: list[float]) -> torch.Tensor:
+    """:func:`layer_scales` undone on the aggregated statistics part."""
+    out, start = rest.clone(), 0
+    for (n, steps), s in zip(layout.values(), scales):
+        size = steps * 3 * n if steps else 2 * n + 1
+        out[start:start + size] /= s
+        start += size
+    return out
 
 
 def pooled_from_sums(flat: torch.Tensor, layout: dict[str, list[int]], total: float) -> dict[str, tuple[float, torch.Tensor, torch.Tensor]]:
@@ -147,11 +168,12 @@ def fbn_rows_from_sums(flat: torch.Tensor, layout: dict[str, list[int]], total: 
     return out
 
 
-def node_vector(method: Any, updates: Any, global_state: dict[str, torch.Tensor], steps: int = 0) -> tuple[np.ndarray, float]:
-    """``(x_n, W_n)``: the node's weighted mean update over the shared floating tensors (in
+def node_vector(method: Any, updates: Any, global_state: dict[str, torch.Tensor], steps: int = 0) -> tuple[np.ndarray, float, list[int]]:
+    """``(x_n, W_n, segments)``: the node's weighted mean update over the shared floating tensors (in
     ``method.shared_keys`` order), then its clients' statistics as sums (pooled:
     :func:`statistics_sums`; FBN's per-step copies: :func:`step_sums` over ``steps`` steps), and
-    its total weight. Refuses other uploads (e.g. SCAFFOLD's control variates)."""
+    its total weight, and the lengths of its segments (the update, then each statistics layer's).
+    Refuses other uploads (e.g. SCAFFOLD's control variates)."""
     layers = statistics_layers(updates.extras)
     other = set(updates.extras) - {f"{p}.{s}" for p in layers for s in ("count", "mean", "var")}
     if other:
@@ -165,13 +187,15 @@ def node_vector(method: Any, updates: Any, global_state: dict[str, torch.Tensor]
         delta = updates.states[k].double() - global_state[k].double()
         parts.append(torch.tensordot(w, delta, dims=1).reshape(-1) / total)
     ex = updates.extras
+    segments = [int(sum(t.numel() for t in parts))]  # the update, then one segment per statistics layer
     for p in layers:
         if steps and ex[f"{p}.count"].dim() == 2:
             parts.append(step_sums(ex[f"{p}.count"], ex[f"{p}.mean"], ex[f"{p}.var"], steps, total))
         else:
             rows = [{f"{p}.{s}": ex[f"{p}.{s}"][i] for s in ("count", "mean", "var")} for i in range(len(updates))]
             parts.append(statistics_sums(rows, [p], total))
-    return torch.cat(parts).numpy(), float(w.sum())
+        segments.append(int(parts[-1].numel()))
+    return torch.cat(parts).numpy(), float(w.sum()), segments
 
 
 def apply_mean(method: Any, global_state: dict[str, torch.Tensor], mean: np.ndarray) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -202,31 +226,45 @@ def secure_mod(msg: Any, ctxt: Any, call_next: Any) -> Any:
     return call_next(msg, ctxt)
 
 
-def fit_reply(state: Any) -> Any:
-    """The collect stage's FitRes content: the node vector and weight kept by the train exchange."""
+def fit_reply(state: Any, content: Any) -> Any:
+    """The collect stage's FitRes content: the node vector and weight kept by the train exchange,
+    each statistics layer's segment multiplied by the server's public scale for it (``stats-scales``
+    in the FitIns), which brings sums divided by the sample weights back to the statistics' own
+    magnitude before quantization."""
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
     from flwr.compat.common import recorddict_compat as compat
 
     if SECURE_STATE_KEY not in state.array_records:
         raise ConfigError("secure aggregation: this node holds no vector for the round (its train message failed?)")
     record = state.array_records[SECURE_STATE_KEY]
-    vector = record["vector"].numpy()
+    vector = record["vector"].numpy().copy()
     weight = float(record["weight"].numpy()[0])
+    segments = [int(n) for n in record["segments"].numpy()]
+    scales = json.loads(str(compat.recorddict_to_fitins(content, keep_input=True).config.get("stats-scales", "[]")))
+    start = segments[0]
+    for n, scale in zip(segments[1:], scales):  # one public scale per statistics layer
+        vector[start:start + n] *= float(scale)
+        start += n
     del state.array_records[SECURE_STATE_KEY]
     res = FitRes(Status(Code.OK, "fednorm"), ndarrays_to_parameters([vector]), int(round(weight)), {})
     return compat.fitres_to_recorddict(res, keep_input=True)
 
 
-def keep_vector(state: Any, vector: np.ndarray, weight: float) -> None:
+def keep_vector(state: Any, vector: np.ndarray, weight: float, segments: list[int]) -> None:
+    """Keep the node vector, its weight and its segments' lengths until the collect stage."""
     from flwr.app import Array, ArrayRecord
 
     state.array_records[SECURE_STATE_KEY] = ArrayRecord({"vector": Array(np.ascontiguousarray(vector, dtype=np.float64)),
-                                                         "weight": Array(np.array([weight], dtype=np.float64))})
+                                                         "weight": Array(np.array([weight], dtype=np.float64)),
+                                                         "segments": Array(np.array(segments, dtype=np.int64))})
 
 
 # -- the ServerApp side ---------------------------------------------------------------------
-def secure_mean(grid: Any, nodes: list[int], server_round: int, max_weight: float, timeout: float | None) -> np.ndarray:
-    """Run SecAgg+ over ``nodes`` (at least 2) and return ``Σ_n W_n x_n / Σ_n W_n``."""
+def secure_mean(grid: Any, nodes: list[int], server_round: int, max_weight: float, timeout: float | None,
+                stats_scales: list[float] | None = None) -> np.ndarray:
+    """Run SecAgg+ over ``nodes`` (at least 2) and return ``Σ_n W_n x_n / Σ_n W_n`` (each
+    statistics layer's segment multiplied by its ``stats_scales`` entry, which every node applies;
+    see :func:`fit_reply`)."""
     from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
     from flwr.common import FitIns, Parameters, parameters_to_ndarrays
     from flwr.server.compat.legacy_context import LegacyContext
@@ -248,7 +286,8 @@ def secure_mean(grid: Any, nodes: list[int], server_round: int, max_weight: floa
             return None
 
         def configure_fit(self, server_round: int, parameters: Any, client_manager: Any) -> list:
-            return [(_Proxy(n), FitIns(Parameters(tensors=[], tensor_type="numpy.ndarray"), {})) for n in nodes]
+            return [(_Proxy(n), FitIns(Parameters(tensors=[], tensor_type="numpy.ndarray"), {"stats-scales": json.dumps([float(x) for x in (stats_scales or [])])}))
+                    for n in nodes]
 
         def aggregate_fit(self, server_round: int, results: list, failures: list) -> tuple:
             if failures or not results:
