@@ -18,10 +18,12 @@ mean, the round's accounting and metrics run unchanged. Values are clipped to
 ``±clipping_range`` and quantized to ``quantization_range`` levels by the protocol: the aggregate
 equals the plain one to ``2 · clipping_range / quantization_range`` per node (tested).
 
-HBN's statistics travel as sums ``[Σ c·mean, Σ c·(var + mean²), Σ c] / W_n`` appended to the
-node vector (:func:`statistics_sums`), linear in the clients' values, so the unmasked total gives
-the exact pooled statistics back (:func:`pooled_from_sums`); its statistics queries outside the
-round go the same way. Methods whose server step needs more than such sums are refused by
+Statistics travel as sums appended to the node vector, linear in the clients' values: HBN's
+``[Σ c·mean, Σ c·(var + mean²), Σ c] / W_n`` (:func:`statistics_sums`, decoded exactly by
+:func:`pooled_from_sums`), FBN's per-step ``[Σ K·u, Σ K·v, Σ K·u²] / W_n`` (:func:`step_sums`,
+turned into rows whose Eq. 9-10 are the clients' own by :func:`fbn_rows_from_sums`); each layer's
+segment is scaled by a public ``ΣW / M`` before quantization (:func:`layer_scales`). Statistics
+queries outside the round (initial passes, HBN's re-sync and round T+1) go the same way. Methods whose server step needs more than such sums are refused by
 :func:`check_secure`, saying why. docs/privacy.md describes it.
 """
 
