@@ -59,7 +59,7 @@ def resolve_config(config: ExperimentConfig | Mapping[str, Any] | str | Path | N
 
 # Settings that may change when a run is resumed; every other field must match the checkpoint.
 RESUMABLE_OVERRIDES = ("rounds", "eval_every", "eval_last_rounds", "eval_batch_size", "checkpoint_every", "threads", "out", "device",
-                       "log", "log_args")
+                       "log", "log_args", "diagnostics")  # diagnostics measure, they do not change training
 
 
 class _StopRequest:

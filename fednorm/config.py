@@ -219,6 +219,38 @@ class ExperimentConfig(BaseModel):
         "none", description="evaluate under torch.autocast in bfloat16 (for GPUs and CPUs with bf16 units; slower on others)"
     )
 
+    diagnostics: str | None = Field(
+        None,
+        description="per-round normalization diagnostics written to metrics.jsonl ('every:N': at evaluated rounds that are "
+        "multiples of N and the last; docs/diagnostics.md): statistics mismatch, gradient deviation, recalibrated accuracy",
+    )
+
+    @field_validator("diagnostics")
+    @classmethod
+    def _diagnostics_schedule(cls, value: str | None) -> str | None:
+        if value is None or value.strip().lower() in ("", "off", "none"):
+            return None
+        from .diagnostics.runner import parse_schedule
+        from .errors import ConfigError as _ConfigError
+
+        try:
+            return f"every:{parse_schedule(value)}"
+        except _ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    # --- differential privacy (issue 22, fednorm.privacy; docs/privacy.md) ---
+    dp_noise: float = Field(0.0, ge=0, description="client-level DP: noise multiplier sigma of the Gaussian noise each client adds to its clipped update and bounded statistics (needs dp_clip and opacus)")
+    dp_clip: float | None = Field(None, gt=0, description="client-level DP: L2 bound C of each client's update (DP-FedAvg clipping); turns DP on")
+    dp_stats_bound: float = Field(1.0, gt=0, description="client-level DP: activation bound B of the uploaded statistics (means clamped to [-B, B], variances to [0, B^2])")
+    dp_delta: float = Field(1e-5, gt=0, lt=1, description="client-level DP: the delta at which the privacy spent (epsilon) is reported")
+
+    @model_validator(mode="after")
+    def _check_dp(self) -> "ExperimentConfig":
+        if self.dp_noise > 0 and self.dp_clip is None:
+            raise ValueError("dp_noise needs dp_clip (the noise is sigma times the clipping bound C)")
+        return self
+    # --- end differential privacy ---
+
     # --- reliability ------------------------------------------------------------------------
     checkpoint_every: int = Field(10, ge=0, description="write a checkpoint every N rounds (0: only at the end and on SIGINT/SIGTERM)")
     min_clients: int = Field(1, ge=1, description="a round fails unless at least this many sampled clients answer")

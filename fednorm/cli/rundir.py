@@ -19,7 +19,7 @@ __all__ = ["RUN_FILES", "holds_run", "describe_run", "check_writable", "check_ru
 
 # What a run writes into its directory (fednorm.engine.outputs, fednorm.engine.checkpoint, fednorm analyze).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "checkpoint.prev.pt", "final_model.pt", "accuracy.png",
-             "analysis.json", "partition.json", ".mlflow_run_id")
+             "analysis.json", "partition.json", ".mlflow_run_id", "diagnostics.png")
 #: Folders a run's loggers write (``--log tensorboard,wandb``): stale events would mix with new ones.
 RUN_FOLDERS = ("tensorboard", "wandb")
 _EVIDENCE = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "checkpoint.prev.pt")

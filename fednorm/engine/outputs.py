@@ -78,6 +78,10 @@ class RunWriter:
 
             cfg = self.config
             plot_accuracy(history, self.dir / "accuracy.png", title=f"{cfg.method} + {cfg.norm} on {cfg.dataset} ({cfg.partition})")
+            if any("diag/seconds" in h for h in history):  # --diagnostics (fednorm.diagnostics)
+                from ..diagnostics import plot_diagnostics
+
+                plot_diagnostics({cfg.method: history}, self.dir / "diagnostics.png", title=f"{cfg.method} + {cfg.norm}")
 
     def close(self) -> None:
         if not self._metrics.closed:

@@ -18,6 +18,8 @@ from torch import nn
 
 from ..config import ExperimentConfig
 from ..data.federated import FederatedData, federated_data_from_config
+from ..diagnostics import Diagnostics
+from ..privacy import ClientLevelDP, require_opacus
 from ..errors import ConfigError, DivergenceError, RoundFailedError
 from ..methods import Method
 from ..methods.base import ClientContext, ClientUpdates
@@ -200,6 +202,18 @@ class Simulation:
         self._pending_events: list[dict[str, Any]] = []
         self.dropped: dict[str, int] = {}
         self._last_samples_seen = 0
+        self.diagnostics = Diagnostics.from_config(config)  # issue 22: per-round normalization diagnostics
+        if self.diagnostics is not None and type(self).query_clients is not Simulation.query_clients:
+            raise ConfigError("diagnostics run in the in-process simulator only: they read every client's data and "
+                              "local state, which this runtime keeps elsewhere")
+        self.privacy = ClientLevelDP.from_config(config)  # issue 22: client-level differential privacy
+        if self.privacy is not None:
+            self.privacy.check_method(self.method)
+            if type(self).query_clients is not Simulation.query_clients:
+                raise ConfigError("dp_clip/dp_noise run in the in-process simulator only: this runtime answers the "
+                                  "methods' statistics queries elsewhere, without the privacy mechanism")
+            if config.dp_noise > 0:
+                require_opacus()
 
     def _make_executor(self) -> SequentialExecutor | VectorizedExecutor:
         cfg = self.config
@@ -305,8 +319,14 @@ class Simulation:
         if query != "evaluate" and stacked is not None and client_ids:
             answers = stacked(self.server_round, client_ids, query, self.global_state if state is None else state)
             if answers is not None:
-                return answers
-        return {cid: self.client_query(cid, query, state) for cid in client_ids}
+                return self._private_answers(query, answers)
+        return self._private_answers(query, {cid: self.client_query(cid, query, state) for cid in client_ids})
+
+    def _private_answers(self, query: str, answers: dict[int, dict[str, torch.Tensor]]) -> dict[int, dict[str, torch.Tensor]]:
+        """A method query's answers as the clients send them under DP (fednorm.privacy)."""
+        if self.privacy is None or query == "evaluate":
+            return answers
+        return self.privacy.privatize_answers(answers, self.server_round, query)
 
     def client_query(self, client_id: int, query: str, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """One client's answer to :meth:`query_clients` (runs where the client lives)."""
@@ -372,6 +392,8 @@ class Simulation:
         if len(keep) < len(updates):
             updates = updates.subset(keep)
         updates.check({k: self.global_state[k] for k in self.method.shared_keys})
+        if self.privacy is not None:  # clipped, bounded and noised as the clients upload them (fednorm.privacy)
+            updates = self.privacy(updates, self.global_state, self.method, server_round)
         if self.attack is not None:  # Byzantine rows, computed from the honest ones (fednorm.robust.attacks)
             updates = self.attack(updates, self.global_state, self.method)
         new_shared = self.method.aggregate(server_round, self.global_state, updates)
@@ -425,6 +447,10 @@ class Simulation:
                 }
             )
             self._pending_events = []
+            if self.privacy is not None:
+                record.metrics.update(self.privacy.metrics(cfg.dp_delta))
+            if self.diagnostics is not None and self.diagnostics.due(r, cfg.rounds):
+                record.metrics.update(self.diagnostics(self, record.seconds))
             self.history.append(record.metrics)
 
     # -- checkpointing ----------------------------------------------------------------------
@@ -444,6 +470,7 @@ class Simulation:
             "global_state": {k: v.detach().cpu().clone() for k, v in self.global_state.items()},
             "bank": {cid: {k: v.cpu() for k, v in s.items()} for cid, s in sorted(self.collect_bank().items())},
             "method_state": self.method.state_dict(),
+            "privacy": self.privacy.state_dict() if self.privacy is not None else {},
             "counters": {
                 "uplink_bytes": self.uplink_bytes,
                 "downlink_bytes": self.downlink_bytes,
@@ -464,6 +491,8 @@ class Simulation:
         self.global_state = {k: v.to(self.device) for k, v in state["global_state"].items()}
         self.bank.load_state_dict(state["bank"])
         self.method.load_state_dict(state.get("method_state", {}))
+        if self.privacy is not None:
+            self.privacy.load_state_dict(state.get("privacy", {}))
         c = state["counters"]
         self.uplink_bytes, self.downlink_bytes = int(c["uplink_bytes"]), int(c["downlink_bytes"])
         self.downlink_bytes_broadcast = int(c.get("downlink_bytes_broadcast", 0))

@@ -73,6 +73,7 @@ resume = ""        # a run directory to continue from its latest checkpoint
 num-nodes = {int(num_nodes)}      # SuperNodes, started with --node-config "partition-id=I num-partitions=N"
 timeout = {float(timeout)}    # seconds one exchange may take
 node-wait = {float(node_wait)}  # seconds to wait for the SuperNodes
+secure-aggregation = false  # aggregate updates and statistics with Flower's SecAgg+ (FedAvg, FedBN, SiloBN, HBN, FBN; docs/privacy.md)
 """
     path = root / "pyproject.toml"
     path.write_text(text)

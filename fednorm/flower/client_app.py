@@ -12,6 +12,7 @@ from flwr.clientapp import ClientApp
 
 from . import protocol
 from .node import handle
+from .secure import fit_reply, secure_mod
 
 __all__ = ["app"]
 
@@ -23,8 +24,10 @@ def _reply(msg: Message, context: Context) -> Message:
     return Message(content, reply_to=msg)
 
 
-@app.train()
+@app.train(mods=[secure_mod])
 def train(msg: Message, context: Context) -> Message:
+    if "fednorm" not in msg.content.config_records:  # SecAgg+'s collect stage (fednorm.flower.secure)
+        return Message(fit_reply(context.state, msg.content), reply_to=msg)
     return _reply(msg, context)
 
 

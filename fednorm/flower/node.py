@@ -12,9 +12,12 @@ to a ClientApp.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
+import numpy as np
+import torch
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from ..config import ExperimentConfig
@@ -97,6 +100,14 @@ def handle(message_type: str, content: RecordDict, state: RecordDict, node_confi
             sim.method.configure_round(server_round, clients)  # as every rank does in a distributed run
             updates = sim.executor.run_round(server_round, mine, sim.global_state, float(head["lr"])) if mine else None
             if updates is not None:
+                if "secure" in head and bool(head["secure"]):  # SecAgg+: keep the node's sum, reply metadata only
+                    from .secure import keep_vector, node_vector, secure_layout, secure_steps
+
+                    steps = secure_steps(sim.config)
+                    keep_vector(state, *node_vector(sim.method, updates, sim.global_state, steps))
+                    meta["secure-stats"] = secure_layout(updates.extras, steps)
+                    counts = {k: v for k, v in updates.extras.items() if k.endswith(".count")}  # public metadata
+                    updates = dataclasses.replace(updates, states={}, extras=counts)
                 reply["updates"], extra = updates_to_record(updates)
                 meta.update(extra)
                 meta["samples-seen"] = int(sim.executor.last_samples_seen)
@@ -107,6 +118,16 @@ def handle(message_type: str, content: RecordDict, state: RecordDict, node_confi
             model_state = None if over is None else {**sim.global_state, **over}
             query = str(head["query"])
             answers = {c: sim.client_query(c, query, model_state) for c in mine}
+            if "secure" in head and bool(head["secure"]) and answers:  # SecAgg+ of the pooled statistics
+                from .secure import keep_vector, secure_layout, statistics_layers, statistics_sums
+
+                rows = [answers[c] for c in mine]
+                layers = statistics_layers(rows[0])
+                counts = sum(float(r[f"{layers[0]}.count"]) for r in rows) if layers else 0.0
+                sums = [statistics_sums(rows, [p], max(counts, 1e-300)) for p in layers]
+                keep_vector(state, torch.cat(sums).numpy() if sums else np.zeros(0), counts, [0] + [len(x) for x in sums])
+                meta["secure-stats"] = secure_layout(rows[0])
+                answers = {c: {k: v for k, v in a.items() if k.endswith(".count")} for c, a in answers.items()}
             reply["answers"] = bank_to_record(answers)
         state[BANK_KEY] = bank_to_record({c: s for c, s in sim.bank.state_dict().items() if host_of(c, num) == pid})
     except (FednormError, DivergenceError, RoundFailedError) as exc:  # raised the same way on the server

@@ -21,6 +21,7 @@ in-process.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable
 
@@ -87,9 +88,15 @@ class FlowerSimulation(Simulation):
     """
 
     def __init__(self, config: ExperimentConfig, data: FederatedData | None = None, *, grid: Grid,
-                 nodes: list[int], timeout: float = 600.0) -> None:
+                 nodes: list[int], timeout: float = 600.0, secure: bool = False) -> None:
         super().__init__(config, data)
         check_round_based(config.method, self.method.requires_lockstep)
+        self.secure = secure  # SecAgg+ of the updates and statistics (fednorm.flower.secure)
+        self._secure_layout: dict[str, list[int]] = {}  # statistics prefix -> [channels, steps]
+        if secure:
+            from .secure import check_secure
+
+            check_secure(self.method, config)
         self.grid = grid
         self.nodes = list(nodes)
         self.timeout = timeout
@@ -162,6 +169,8 @@ class FlowerSimulation(Simulation):
     # -- the seams --------------------------------------------------------------------------
     def train_clients(self, server_round: int, client_ids: list[int], lr: float) -> ClientUpdates:
         content = self._content(client_ids, server_round=server_round, lr=lr)
+        if self.secure:
+            content["fednorm"]["secure"] = True
         got, failed = self._exchange(protocol.TRAIN, content, str(server_round))
         parts: list[ClientUpdates | None] = []
         covered: set[int] = set()
@@ -179,15 +188,96 @@ class FlowerSimulation(Simulation):
                 num_examples=torch.zeros(0, dtype=torch.float64), train_loss=torch.zeros(0, dtype=torch.float64),
                 num_steps=torch.zeros(0, dtype=torch.int64),
             )
+        if self.secure and len(merged):
+            self._read_layout(got.values())
+            merged = self._secure_rows(merged, [n for n, r in got.items() if "updates" in r.array_records], server_round)
         reason = "; ".join(failed.values()) or "no SuperNode hosts it (check partition-id / num-partitions)"
         for cid in client_ids:
             if cid not in covered:
                 merged.failures[cid] = f"its SuperNode did not answer ({reason})"
         return merged
 
+    def _secure_rows(self, merged: ClientUpdates, nodes: list[int], server_round: int) -> ClientUpdates:
+        """Every client's row set to ``θ + the SecAgg+ weighted mean update`` (the nodes replied
+        metadata only), so the method's weighted mean is that mean."""
+        from .secure import apply_mean, fbn_rows_from_sums, layer_scales, pooled_from_sums, secure_mean, unscale
+
+        weight = float(self.method.client_weights(merged).sum())
+        # The statistics sums travel divided by the nodes' weights; each layer's scaled by the public
+        # ΣW / (its smallest step count) they are back at the statistics' own magnitude, so the
+        # protocol's quantization costs them no more than it costs the update.
+        counts = {p: merged.extras[f"{p}.count"] for p in self._secure_layout}
+        scales = layer_scales(self._secure_layout, counts, weight)
+        mean = secure_mean(self.grid, nodes, server_round, max_weight=max(weight, 1.0), timeout=self.timeout,
+                           stats_scales=scales)
+        self.exchanges += 4  # the protocol's setup, share keys, collect masked vectors, unmask
+        rows, rest = apply_mean(self.method, self.global_state, mean)
+        rest = unscale(rest, self._secure_layout, scales)
+        k = len(merged)
+        states = {key: v.unsqueeze(0).expand(k, *v.shape).clone() for key, v in rows.items()}
+        extras: dict[str, torch.Tensor] = dict(merged.extras)  # the clients' counts (public)
+        layout = self._secure_layout
+        for p, (_, mu, var) in pooled_from_sums(rest, layout, weight).items():  # HBN: the pooled statistics
+            extras[f"{p}.mean"] = mu.unsqueeze(0).expand(k, -1).clone()
+            extras[f"{p}.var"] = var.unsqueeze(0).expand(k, -1).clone()
+        inner = getattr(self.method, "inner", self.method)
+        momenta = {f"fbn.{n}": b for n, b in getattr(inner, "momenta", {}).items()}
+        counts = {p: merged.extras[f"{p}.count"] for p, (_, steps) in layout.items() if steps}
+        for p, (mu, var) in fbn_rows_from_sums(rest, layout, weight, counts, momenta).items():  # FBN: per step
+            extras[f"{p}.mean"], extras[f"{p}.var"] = mu, var
+        return dataclasses.replace(merged, states=states, extras=extras)
+
+    def _read_layout(self, replies: Any) -> None:
+        """The statistics layout (layers, channels) the nodes reported with a secure reply."""
+        import json
+
+        for reply in replies:
+            head = reply["fednorm"]
+            if "secure-stats" in head:
+                self._secure_layout = json.loads(str(head["secure-stats"]))
+                return
+
+    def _secure_query(self, client_ids: list[int], query: str, state: dict[str, torch.Tensor] | None) -> dict[int, dict[str, torch.Tensor]]:
+        """A statistics query under SecAgg+: the nodes keep their clients' statistics sums; the
+        server unmasks their total, the pooled statistics, and answers every client with them
+        (its own public count), so the method pools exactly what it would from plain answers."""
+        from .secure import layer_scales, pooled_from_sums, secure_mean, unscale
+
+        content = self._content(client_ids, server_round=self.server_round, query=query, state=state)
+        content["fednorm"]["secure"] = True
+        got, failed = self._exchange(protocol.QUERY, content, f"{self.server_round}.{query}")
+        answers: dict[int, dict[str, torch.Tensor]] = {}
+        nodes = []
+        for node, reply in got.items():
+            part = record_to_bank(reply["answers"], self.device)
+            if part:
+                nodes.append(node)
+            answers.update(part)
+        missing = [c for c in client_ids if c not in answers]
+        if missing:
+            raise RoundFailedError(f"query '{query}' after round {self.server_round}: no answer for clients {missing} "
+                                   f"({'; '.join(failed.values()) or 'no SuperNode hosts them'})")
+        self._read_layout(got.values())
+        layers = list(self._secure_layout)
+        total = sum(float(answers[c][f"{layers[0]}.count"]) for c in client_ids) if layers else 0.0
+        counts = {p: torch.stack([answers[c][f"{p}.count"].double().reshape(()) for c in client_ids]) for p in layers}
+        scales = layer_scales(self._secure_layout, counts, total)  # layers count values per channel differently
+        mean = secure_mean(self.grid, nodes, self.server_round, max_weight=max(total, 1.0), timeout=self.timeout,
+                           stats_scales=scales)
+        self.exchanges += 4
+        pooled = pooled_from_sums(unscale(torch.from_numpy(mean), self._secure_layout, scales), self._secure_layout, total)
+        out = {}
+        for c in client_ids:
+            out[c] = dict(answers[c])
+            for p, (_, mu, var) in pooled.items():
+                out[c][f"{p}.mean"], out[c][f"{p}.var"] = mu.to(self.device), var.to(self.device)
+        return out
+
     def query_clients(
         self, client_ids: list[int], query: str, state: dict[str, torch.Tensor] | None = None
     ) -> dict[int, dict[str, torch.Tensor]]:
+        if self.secure and query != "evaluate":
+            return self._secure_query(client_ids, query, state)
         message_type = protocol.EVALUATE if query == "evaluate" else protocol.QUERY
         content = self._content(client_ids, server_round=self.server_round, query=query, state=state)
         got, failed = self._exchange(message_type, content, f"{self.server_round}.{query}")
@@ -235,10 +325,10 @@ class FlowerSimulation(Simulation):
         return out
 
 
-def simulation_factory(grid: Grid, nodes: list[int], timeout: float) -> Callable[..., FlowerSimulation]:
-    """What :func:`fednorm.api.run` takes as ``simulation=``."""
+def simulation_factory(grid: Grid, nodes: list[int], timeout: float, secure: bool = False) -> Callable[..., FlowerSimulation]:
+    """What :func:`fednorm.api.run` takes as ``simulation=`` (``secure``: SecAgg+ of the updates)."""
 
     def build(config: ExperimentConfig, data: FederatedData | None = None) -> FlowerSimulation:
-        return FlowerSimulation(config, data, grid=grid, nodes=nodes, timeout=timeout)
+        return FlowerSimulation(config, data, grid=grid, nodes=nodes, timeout=timeout, secure=secure)
 
     return build

@@ -10,7 +10,8 @@ Run config (``[tool.flwr.app.config]`` of the app, ``flwr run --run-config``):
 - ``resume``: a run directory to continue from its latest checkpoint (then ``config`` is ignored);
 - ``num-nodes``: SuperNodes to wait for; they must be started with
   ``--node-config "partition-id=I num-partitions=N"``;
-- ``timeout``: seconds one exchange may take; ``node-wait``: seconds to wait for the SuperNodes.
+- ``timeout``: seconds one exchange may take; ``node-wait``: seconds to wait for the SuperNodes;
+- ``secure-aggregation``: aggregate the updates with Flower's SecAgg+ (:mod:`fednorm.flower.secure`).
 
 The round loop is fednorm's own (:func:`fednorm.api.run` with :class:`FlowerSimulation`), so the
 run directory, checkpoints and metrics are those of ``fednorm run``.
@@ -33,7 +34,7 @@ from .runtime import simulation_factory, wait_for_nodes
 __all__ = ["app", "run_on_grid", "config_from_run_config", "make_server_app"]
 
 DEFAULTS: dict[str, Any] = {"config": "", "overrides": "", "out": "", "resume": "", "num-nodes": 2, "timeout": 600.0,
-                            "node-wait": 120.0}
+                            "node-wait": 120.0, "secure-aggregation": False}
 
 
 def app_dir(grid: Grid) -> Path | None:
@@ -73,12 +74,12 @@ def config_from_run_config(run_config: Mapping[str, Any], base: Path | None = No
 
 def run_on_grid(grid: Grid, config: ExperimentConfig | None, *, num_nodes: int, timeout: float = 600.0,
                 node_wait: float = 120.0, write: bool = True, resume: str | Path | None = None,
-                resume_overrides: Mapping[str, Any] | None = None) -> RunResult:
+                resume_overrides: Mapping[str, Any] | None = None, secure: bool = False) -> RunResult:
     """``fednorm.api.run`` with the clients on the grid's nodes (waits for ``num_nodes``).
     With ``resume`` (a run directory), continue it; ``resume_overrides`` may change the fields
     that ``fednorm run --resume`` allows (e.g. ``rounds``)."""
     nodes = wait_for_nodes(grid, num_nodes, node_wait)
-    factory = simulation_factory(grid, nodes, timeout)
+    factory = simulation_factory(grid, nodes, timeout, secure=secure)
     if resume:
         return run(resume=resume, simulation=factory, progress=False, **dict(resume_overrides or {}))
     return run(config, simulation=factory, write=write, progress=False)
@@ -101,7 +102,8 @@ def make_server_app(config: ExperimentConfig | None = None, *, num_nodes: int | 
             cfg = config_from_run_config(rc, app_dir(grid))
         result = run_on_grid(grid, cfg, num_nodes=int(num_nodes or rc["num-nodes"]), timeout=float(rc["timeout"]),
                              node_wait=float(rc["node-wait"]), write=write, resume=resume,
-                             resume_overrides=parse_overrides(rc) if resume else None)
+                             resume_overrides=parse_overrides(rc) if resume else None,
+                             secure=str(rc["secure-aggregation"]).lower() in ("true", "1", "yes"))
         if results is not None:
             results.append(result)
         s = result.summary

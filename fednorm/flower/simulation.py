@@ -13,16 +13,18 @@ __all__ = ["run_simulation"]
 
 
 def run_simulation(config: ExperimentConfig, *, num_nodes: int = 2, num_cpus: int = 2, cpus_per_node: int = 1,
-                   write: bool = True, timeout: float = 600.0) -> RunResult:
+                   write: bool = True, timeout: float = 600.0, secure: bool = False) -> RunResult:
     """Run ``config`` with its clients on ``num_nodes`` virtual SuperNodes (node ``i`` hosts the
     clients ``c`` with ``c % num_nodes == i``) and return the result, as :func:`fednorm.api.run`.
 
+    ``secure``: aggregate the updates with Flower's SecAgg+ (:mod:`fednorm.flower.secure`).
     Ray gets ``num_cpus`` CPUs and runs ⌊num_cpus / cpus_per_node⌋ ClientApps at a time.
     """
     from flwr.simulation import run_simulation as flwr_run_simulation
 
     results: list[RunResult] = []
-    server = make_server_app(config, num_nodes=num_nodes, write=write, results=results, timeout=timeout)
+    server = make_server_app(config, num_nodes=num_nodes, write=write, results=results, timeout=timeout,
+                             **{"secure-aggregation": secure})
     backend: dict[str, Any] = {
         "client_resources": {"num_cpus": cpus_per_node, "num_gpus": 0.0},
         "init_args": {"num_cpus": num_cpus, "include_dashboard": False},
