@@ -72,6 +72,21 @@ def test_tensorboard_events_hold_the_run_scalars_per_client_and_bn_histograms(tm
     assert (last.histogram_value.min, last.histogram_value.max) == pytest.approx((float(expect.min()), float(expect.max())))
 
 
+def test_tensorboard_logs_the_diagnostics_as_scalars(tmp_path: Path) -> None:
+    """Every ``diag/`` metric of an evaluated round is a TensorBoard scalar with its value."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    res = run({**TINY, "diagnostics": "every:1"}, out=str(tmp_path / "r"), progress=False, log=["tensorboard"])
+    acc = EventAccumulator(str(tmp_path / "r" / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    diag = {k: v for h in res.history for k, v in h.items() if k.startswith("diag/")}
+    assert "diag/grad/cosine" in diag and "diag/acc/gap" in diag
+    for name in ("diag/grad/cosine", "diag/acc/gap"):
+        got = [(e.step, e.value) for e in acc.Scalars(name)]
+        assert got == [(h["round"], pytest.approx(h[name], abs=1e-6)) for h in res.history if name in h]
+
+
 def test_tensorboard_histograms_hbn_mixing_weights_over_all_clients(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -19,6 +19,9 @@ __all__ = ["round_scalars", "client_scalars", "norm_tensors", "flat_params", "su
 # Per-evaluation metrics logged as scalars (besides train_loss and lr, logged every round).
 EVAL_SCALARS = ("test_accuracy", "test_loss", "mean_client_accuracy", "wall_seconds", "uplink_bytes", "downlink_bytes",
                 "comm_rounds", "samples_trained")
+# Namespaces of flat numeric metrics logged whole: the normalization diagnostics
+# (fednorm.diagnostics, ``--diagnostics``) and the privacy accounting (fednorm.privacy, ``--dp-noise``).
+SCALAR_NAMESPACES = ("diag/", "dp/")
 
 
 def require(module: str, logger: str, extra: str) -> Any:
@@ -38,10 +41,11 @@ def _finite(v: Any) -> bool:
 
 def round_scalars(record: Any) -> dict[str, float]:
     """``train_loss`` and ``lr`` of every round, and on an evaluation round the metrics of
-    :data:`EVAL_SCALARS` (a NaN or missing one is left out)."""
+    :data:`EVAL_SCALARS` and every ``diag/`` and ``dp/`` metric (a NaN or missing one is left out)."""
     out = {"train_loss": record.train_loss, "lr": record.lr}
     for name in EVAL_SCALARS:
         out[name] = record.metrics.get(name)
+    out.update({k: v for k, v in record.metrics.items() if k.startswith(SCALAR_NAMESPACES)})
     return {k: float(v) for k, v in out.items() if _finite(v)}
 
 
