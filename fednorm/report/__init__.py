@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .collect import Run, Variant, find_runs, group_runs
-from .figures import curve_figures, domain_figure, partition_figures
+from .figures import curve_figures, diagnostics_figure, domain_figure, partition_figures
 from .render import domain_table, html_page, markdown, results_table, runs_table
 
 __all__ = ["Report", "build_report", "find_runs", "group_runs", "Run", "Variant"]
@@ -41,12 +41,15 @@ def build_report(paths: Iterable[str | Path], out: str | Path, *, title: str = "
     runs = find_runs(paths)
     variants = group_runs(runs)
     out.mkdir(parents=True, exist_ok=True)
-    for old in [*out.glob("curves_*.png"), *out.glob("partition_*.png"), out / "domains.png"]:  # an earlier report's
+    for old in [*out.glob("curves_*.png"), *out.glob("partition_*.png"), out / "domains.png", out / "diagnostics.png"]:
         old.unlink(missing_ok=True)
     figures = curve_figures(variants, out)
     dom = domain_figure(variants, out)
     if dom is not None:
         figures.append(dom)
+    diag = diagnostics_figure(variants, out)
+    if diag is not None:
+        figures.append(diag)
     figures += partition_figures(variants, out)
     tables = [results_table(variants)]
     dt = domain_table(variants)

@@ -11,7 +11,7 @@ from ..plotting import _figure, plot_histogram
 from ..seeds import plot_seed_comparison
 from .collect import Variant
 
-__all__ = ["Figure", "curve_figures", "domain_figure", "partition_figures"]
+__all__ = ["Figure", "curve_figures", "diagnostic_curves", "diagnostics_figure", "domain_figure", "partition_figures"]
 
 MAX_PARTITIONS = 4  # label-distribution plots per report (a compare over 3 seeds has 3 partitions)
 
@@ -106,3 +106,63 @@ def partition_figures(variants: list[Variant], out: Path) -> list[Figure]:
     if len(records) > MAX_PARTITIONS:
         figures[-1].caption += f" {len(records) - MAX_PARTITIONS} more partition(s) not shown."
     return figures
+
+
+#: The diagnostics the report compares across variants (``--diagnostics``, fednorm.diagnostics):
+#: (metric or prefix averaged over layers, panel title).
+DIAGNOSTIC_PANELS = (
+    ("diag/grad/cosine", "gradient cosine to centralized BN (1 = none)"),
+    ("diag/acc/gap", "accuracy gained by recalibrating the statistics"),
+    ("diag/stats/agg_mean_shift/", "aggregated running mean vs the union's, in sigma (layer mean)"),
+    ("diag/stats/client_mean_shift/", "clients' batch means vs the union's, in sigma (layer mean)"),
+)
+
+
+def _diag_value(row: dict[str, Any], key: str) -> float | None:
+    """A diagnostic of one evaluation: the metric itself, or for a ``.../`` prefix the mean over layers."""
+    if not key.endswith("/"):
+        v = row.get(key)
+        return float(v) if isinstance(v, (int, float)) else None
+    values = [float(v) for k, v in row.items() if k.startswith(key) and isinstance(v, (int, float))]
+    return float(np.mean(values)) if values else None
+
+
+def diagnostic_curves(variants: list[Variant]) -> dict[str, list[tuple[str, list[int], list[float]]]]:
+    """Per panel of :data:`DIAGNOSTIC_PANELS`: (variant label, rounds, values) for every variant
+    that recorded it, the values the mean over its completed runs at the rounds all of them have."""
+    curves: dict[str, list[tuple[str, list[int], list[float]]]] = {key: [] for key, _ in DIAGNOSTIC_PANELS}
+    for v in variants:
+        for key, _ in DIAGNOSTIC_PANELS:
+            per_run = []
+            for r in v.completed:
+                points = {row["round"]: _diag_value(row, key) for row in r.history if "round" in row}
+                per_run.append({k: x for k, x in points.items() if x is not None})
+            common = sorted(set.intersection(*(set(p) for p in per_run))) if per_run else []
+            if common:
+                curves[key].append((v.label, common, [float(np.mean([p[k] for p in per_run])) for k in common]))
+    return curves
+
+
+def diagnostics_figure(variants: list[Variant], out: Path) -> Figure | None:
+    """The normalization diagnostics of every variant that recorded them, one panel per
+    diagnostic (:func:`diagnostic_curves`); ``None`` when no run recorded any."""
+    curves = diagnostic_curves(variants)
+    panels = [(key, title) for key, title in DIAGNOSTIC_PANELS if curves[key]]
+    if not panels:
+        return None
+    fig = _figure((5.0 * len(panels), 4.0))
+    axes = np.atleast_1d(fig.subplots(1, len(panels)))
+    for ax, (key, title) in zip(axes, panels):
+        for label, rounds, values in curves[key]:
+            ax.plot(rounds, values, marker="o", markersize=3, label=label)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "diagnostics.png"
+    fig.savefig(path, dpi=110)
+    return Figure(path, "Normalization diagnostics (--diagnostics; docs/diagnostics.md), mean over each variant's "
+                        "completed runs: how far the clients' gradient is from centralized BN's, the accuracy a "
+                        "statistics recalibration would add, and how far the aggregated and the clients' means are "
+                        "from the exact statistics of the union of the clients' data.")

@@ -128,3 +128,38 @@ def test_variant_labels_name_only_what_tells_a_method_and_norms_variants_apart()
                {**base, "method": "fbn", "norm": "fbn", "alpha": 0.1, "method_args": {"mode": "exact"}, "seed": 5}]
     assert _labels(configs) == ["fedavg+bn (alpha=0.1)", "fedavg+bn (alpha=0.3)", "fbn+fbn (method_args.mode=literal)",
                                 "fbn+fbn (method_args.mode=exact)"]
+
+
+def test_report_compares_the_runs_diagnostics(tmp_path):
+    """Runs with --diagnostics get a diagnostics figure; its curves are each variant's mean over
+    seeds, layer metrics averaged over layers (checked against a direct computation)."""
+    from fednorm.report.collect import find_runs, group_runs
+    from fednorm.report.figures import diagnostic_curves
+
+    def diag(method: str, seed: int, r: int) -> dict[str, float]:
+        base = 0.1 * seed + (0.5 if method == "fedbn" else 0.0)
+        return {"diag/grad/cosine": base + 0.01 * r, "diag/stats/agg_mean_shift/a": base, "diag/stats/agg_mean_shift/b": 3 * base + r}
+
+    for method in FINALS:
+        for seed in (0, 1, 2):
+            d = tmp_path / method / f"seed{seed}"
+            _fake_run(d, method, seed)
+            rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+            rows = [{**row, **diag(method, seed, row["round"])} if row["round"] >= 2 else row for row in rows]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    variants = group_runs(find_runs([tmp_path]))
+    curves = diagnostic_curves(variants)
+    assert curves["diag/acc/gap"] == []  # not recorded: no panel
+    for key, value in (("diag/grad/cosine", lambda m, s, r: diag(m, s, r)["diag/grad/cosine"]),
+                       ("diag/stats/agg_mean_shift/", lambda m, s, r: (diag(m, s, r)["diag/stats/agg_mean_shift/a"]
+                                                                        + diag(m, s, r)["diag/stats/agg_mean_shift/b"]) / 2)):
+        got = {label: (rounds, values) for label, rounds, values in curves[key]}
+        assert len(got) == 2
+        for v in variants:
+            method = v.config["method"]
+            rounds, values = got[v.label]
+            assert rounds == [2, 3]
+            assert values == pytest.approx([statistics.fmean(value(method, s, r) for s in (0, 1, 2)) for r in (2, 3)])
+    rep = build_report([tmp_path], tmp_path / "rep")
+    assert (tmp_path / "rep" / "diagnostics.png") in rep.figures
+    assert "diagnostics.png" in rep.markdown.read_text()
