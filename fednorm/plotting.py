@@ -49,7 +49,9 @@ def plot_accuracy(history: Sequence[dict[str, Any]], path: str | Path, title: st
     ax2.legend()
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    # Fixed margins that fit these labels: tight_layout measured every text first, a third of
+    # the plot's time (0.4 s of a one-round run on a loaded core).
+    fig.subplots_adjust(left=0.07, right=0.985, bottom=0.13, top=0.88 if title else 0.95, wspace=0.3)
     path = Path(path)
     fig.savefig(path, dpi=110)
     return path
