@@ -282,7 +282,7 @@ def test_library_runs_keep_their_thread_setting(tmp_path):
 
 def test_missing_data_names_the_cli_option(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    assert main(["run", "--dataset", "mnist", "--data-dir", str(tmp_path / "empty"), "--out", str(tmp_path / "r"), "--quiet"]) == 1
+    assert main(["run", "--dataset", "mnist", "--data-dir", str(tmp_path / "empty"), "--out", str(tmp_path / "r"), "--quiet"]) == 2  # a data problem is a user error, as a configuration error
     err = capsys.readouterr().err
     assert "Pass --download true to download it" in err and "download=True" not in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
