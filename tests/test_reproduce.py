@@ -378,7 +378,9 @@ def test_shipped_table_reduced_end_to_end(shared_data: Path, tmp_path: Path, cap
     printed = capsys.readouterr().out
     assert "[2/2]" in printed
     results = json.loads((out / "results.json").read_text())
-    (t,) = results["tables"]
+    # the report covers every table of the paper (table4 too, not run here)
+    assert [t["table"] for t in results["tables"]] == list_tables("hbn")
+    t = next(t for t in results["tables"] if t["table"] == "table1")
     cells = {(c["row"], c["column"]): c for c in t["cells"]}
     for row in ("bn", "hbn"):
         cell = cells[(row, "phi0.6")]
