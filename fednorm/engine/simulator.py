@@ -19,7 +19,6 @@ from torch import nn
 from ..config import ExperimentConfig
 from ..data.federated import FederatedData, federated_data_from_config
 from ..diagnostics import Diagnostics
-from ..privacy import ClientLevelDP, require_opacus
 from ..errors import ConfigError, DivergenceError, RoundFailedError
 from ..methods import Method
 from ..methods.base import ClientContext, ClientUpdates
@@ -28,6 +27,7 @@ from ..nn.comm import CommTraffic
 from ..nn.nf import default_agc_clip, head_parameter_names
 from ..nn.stacked import NotStackableError
 from ..optim.compose import build_method
+from ..privacy import ClientLevelDP, require_opacus
 from ..robust import get_aggregator, get_attack
 from .bank import ClientStateBank
 from .evaluation import evaluate
