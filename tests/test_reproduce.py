@@ -258,14 +258,15 @@ def test_a_run_held_by_another_process_is_left_alone(tiny_configs: Path, tmp_pat
 # -- the report -------------------------------------------------------------------------------
 
 
-def _fake_run(spec: runner.RunSpec, seed: int, accs: list[float], status: str = "completed") -> None:
-    """A run directory with known accuracies, as the engine and the runner write it."""
+def _fake_run(spec: runner.RunSpec, seed: int, accs: list[float], status: str = "completed", engine_wall: float = 1.0) -> None:
+    """A run directory with known accuracies, as the engine and the runner write it (the runner
+    timed 2 s of invocations; the engine's own clock says ``engine_wall``)."""
     d = spec.dir.parent / f"seed{seed}"
     d.mkdir(parents=True)
     cfg = ExperimentConfig(**{**spec.config, "seed": seed, "out": str(d)})
     (d / "config.yaml").write_text(cfg.to_yaml())
     (d / "metrics.jsonl").write_text("".join(json.dumps({"round": r + 1, "test_accuracy": a}) + "\n" for r, a in enumerate(accs)))
-    (d / "summary.json").write_text(json.dumps({"status": status, "rounds": len(accs), "seed": seed, "wall_seconds": 1.0}))
+    (d / "summary.json").write_text(json.dumps({"status": status, "rounds": len(accs), "seed": seed, "wall_seconds": engine_wall}))
     (d / runner.RECORD_NAME).write_text(json.dumps({"wall_seconds": 2.0, "invocations": [
         {"commit": "abc123", "dirty": False, "command": "fednorm reproduce hbn"}]}))
 
@@ -280,7 +281,8 @@ def test_report_from_known_run_summaries(tiny_configs: Path, tmp_path: Path) -> 
         for seed in seeds:
             accs = list(rng.uniform(0.1, 0.9, size=12))
             curves.setdefault(cell, []).append(accs)
-            _fake_run(specs[cell], seed, accs)
+            # seed 5: an invocation was killed (not in reproduce.json), the engine's clock counted it
+            _fake_run(specs[cell], seed, accs, engine_wall=7.0 if seed == 5 else 1.0)
     _fake_run(specs[("b", "y")], 3, [0.5, 0.6], status="interrupted")
     results = collect([table], scale="reduced", out=out)
     cells = {(c["row"], c["column"]): c for c in results["tables"][0]["cells"]}
@@ -301,6 +303,8 @@ def test_report_from_known_run_summaries(tiny_configs: Path, tmp_path: Path) -> 
         assert got["diff"]["final"] == pytest.approx(float(np.mean(finals)) - paper)
         assert got["diff"]["best"] == pytest.approx(float(np.mean(bests)) - paper)
         assert got["status"] == "ok"
+    # wall time per cell: each run's larger clock (runner 2 s, engine 1 s, or the engine's 7 s)
+    assert {c: cells[c]["wall_seconds"] for c in curves} == {("a", "x"): 2 + 2 + 7, ("b", "x"): 2 + 2, ("a", "y"): 2}
     assert cells[("b", "y")]["status"] == "interrupted" and cells[("b", "y")]["stats"]["final"]["n"] == 0
     assert "at round 2" in cells[("b", "y")]["reason"]
     assert cells[("c", "x")]["status"] == "skipped"

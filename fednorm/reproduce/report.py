@@ -70,6 +70,16 @@ def series(history: Sequence[Mapping[str, Any]], metric: str, sources: Sequence[
     return out
 
 
+def _config_seed(run_dir: Path) -> int | None:
+    """The seed in a run directory's ``config.yaml`` (written before its first round)."""
+    import yaml
+
+    try:
+        return (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("seed")
+    except (OSError, yaml.YAMLError):
+        return None
+
+
 def run_metrics(run_dir: str | Path, metric: str) -> dict[str, Any]:
     """One run directory read for one metric: status, rounds, final/best/last-10 (in %), the
     curve, wall time, and the commit and command from ``reproduce.json``."""
@@ -82,7 +92,7 @@ def run_metrics(run_dir: str | Path, metric: str) -> dict[str, Any]:
     last = (record.get("invocations") or [{}])[-1]
     out: dict[str, Any] = {
         "dir": str(run_dir),
-        "seed": summary.get("seed"),
+        "seed": summary.get("seed", record.get("seed", _config_seed(run_dir))),  # no summary before its first round ends
         "status": summary.get("status") or ("running or killed" if history else "not started"),
         "rounds": summary.get("rounds") if summary else (curve[-1][0] if curve else 0),
         "final": values[-1] if values else None,
@@ -184,7 +194,10 @@ def _collect_cell(table: Table, row_id: str, col_id: str, spec: RunSpec | None, 
         mean = res["stats"][stat]["mean"]
         res["diff"][stat] = None if mean is None or cell.paper is None else mean - cell.paper
     res["rounds"] = sorted({int(r["rounds"]) for r in done if r["rounds"] is not None})
-    res["wall_seconds"] = sum(float(r["wall_seconds"] or 0.0) for r in res["runs"])
+    # reproduce.json times the invocations it saw end; one killed outright (a session's end) is not
+    # in it, while the engine's own clock (summary.json) kept counting across resumes: take the larger.
+    res["wall_seconds"] = sum(max(float(r["wall_seconds"] or 0.0), float(r.get("engine_wall_seconds") or 0.0))
+                              for r in res["runs"])
     others = [r for r in res["runs"] if r["status"] != "completed"]
     if done:
         res["status"] = "ok"
