@@ -396,7 +396,8 @@ def plot_table(t: Mapping[str, Any], out: Path) -> list[Path]:
     rows, cols = t["rows"], t["columns"]
     cells = {(c["row"], c["column"]): c for c in t["cells"]}
     written = []
-    fig, axes = plt.subplots(len(rows), len(cols), figsize=(2.4 * len(cols) + 1, 1.9 * len(rows) + 1), squeeze=False,
+    height = 1.9 * len(rows) + 1
+    fig, axes = plt.subplots(len(rows), len(cols), figsize=(2.4 * len(cols) + 1, height), squeeze=False,
                              sharex=True, sharey=True)
     for i, r in enumerate(rows):
         for j, col in enumerate(cols):
@@ -420,7 +421,7 @@ def plot_table(t: Mapping[str, Any], out: Path) -> list[Path]:
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
     fig.suptitle(f"{t['table']}: accuracy (%) per evaluation, every seed; dashed: the paper", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / height))  # half an inch for the title above the column titles
     path = folder / f"{t['table']}_curves.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
