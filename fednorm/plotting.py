@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["plot_accuracy", "plot_comparison", "plot_histogram"]
+__all__ = ["plot_accuracy", "plot_comparison", "plot_curves", "plot_histogram"]
 
 
 def _plt():
@@ -57,14 +57,18 @@ def plot_accuracy(history: Sequence[dict[str, Any]], path: str | Path, title: st
     return path
 
 
-def plot_comparison(histories: dict[str, Sequence[dict[str, Any]]], path: str | Path, title: str = "") -> Path:
-    """One test-accuracy curve per variant."""
+def plot_curves(curves: dict[str, tuple[Sequence[int], Sequence[float], Sequence[float] | None]], path: str | Path,
+                title: str = "", ylabel: str = "test accuracy (%)") -> Path:
+    """One curve per label: (rounds, values, a ±band or ``None``); values in the units shown."""
     fig = _figure((7, 4.5))
     ax = fig.subplots()
-    for label, history in histories.items():
-        ax.plot([h["round"] for h in history], [100 * h["test_accuracy"] for h in history], marker=".", label=label)
+    for label, (rounds, values, band) in curves.items():
+        (line,) = ax.plot(rounds, values, marker=".", label=label)
+        if band is not None:
+            ax.fill_between(rounds, [v - b for v, b in zip(values, band)], [v + b for v, b in zip(values, band)],
+                            color=line.get_color(), alpha=0.2)
     ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend()
     if title:
@@ -73,6 +77,12 @@ def plot_comparison(histories: dict[str, Sequence[dict[str, Any]]], path: str | 
     path = Path(path)
     fig.savefig(path, dpi=110)
     return path
+
+
+def plot_comparison(histories: dict[str, Sequence[dict[str, Any]]], path: str | Path, title: str = "") -> Path:
+    """One test-accuracy curve per variant."""
+    return plot_curves({label: ([h["round"] for h in history], [100 * h["test_accuracy"] for h in history], None)
+                        for label, history in histories.items()}, path, title)
 
 
 def plot_histogram(hist: np.ndarray, path: str | Path, title: str = "") -> Path:

@@ -197,51 +197,19 @@ def mean_std_curve(histories: dict[int, Sequence[dict[str, Any]]], key: str = "t
 
 def plot_seed_curves(histories: dict[int, Sequence[dict[str, Any]]], path: str | Path, title: str = "") -> Path:
     """Mean test accuracy over the seeds against rounds, with a ±std band (rounds every seed evaluated)."""
-    from .plotting import _figure
-
-    common, means, stds = mean_std_curve(histories)
-    means, stds = [100 * m for m in means], [100 * s for s in stds]
-    fig = _figure((7, 4.5))
-    ax = fig.subplots()
-    ax.plot(common, means, marker=".", label=f"mean of {len(histories)} seed(s)")
-    ax.fill_between(common, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)], alpha=0.25,
-                    label="± std")
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy (%)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    return path
+    return plot_seed_comparison({f"mean of {len(histories)} seed(s)": histories}, path, title)
 
 
 def plot_seed_comparison(histories: dict[str, dict[int, Sequence[dict[str, Any]]]], path: str | Path, title: str = "") -> Path:
     """One mean test-accuracy curve per variant, each with its ±std band over the seeds."""
-    from .plotting import _figure
+    from .plotting import plot_curves
 
-    fig = _figure((7, 4.5))
-    ax = fig.subplots()
+    curves = {}
     for label, per_seed in histories.items():
-        if not per_seed:
-            continue
-        rounds, means, stds = mean_std_curve(per_seed)
-        means, stds = [100 * m for m in means], [100 * s for s in stds]
-        (line,) = ax.plot(rounds, means, marker=".", label=label)
-        ax.fill_between(rounds, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                        color=line.get_color(), alpha=0.2)
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy (%), mean ± std over seeds")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    return path
+        if per_seed:
+            rounds, means, stds = mean_std_curve(per_seed)
+            curves[label] = (rounds, [100 * m for m in means], [100 * s for s in stds])
+    return plot_curves(curves, path, title, ylabel="test accuracy (%), mean ± std over seeds")
 
 
 # Columns of the comparison table: (metric, header).
