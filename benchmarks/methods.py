@@ -44,6 +44,12 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("FBN", dict(method="fbn", norm="fbn")),
     ("HBN (paper preset)", dict(method="hbn", norm="hbn", method_args={"preset": "paper"})),
     ("HBN (default)", dict(method="hbn", norm="hbn")),
+    # client optimizers and objectives, on FedAvg+BN
+    ("FedProx", dict(method="fedavg", norm="bn", client_opt="fedprox", client_opt_args={"mu": 0.01})),
+    ("SCAFFOLD", dict(method="fedavg", norm="bn", client_opt="scaffold")),
+    ("MOON", dict(method="fedavg", norm="bn", client_opt="moon")),
+    ("FedSAM", dict(method="fedavg", norm="bn", client_opt="fedsam")),
+    ("FedDecorr", dict(method="fedavg", norm="bn", client_opt="feddecorr")),
 ]
 
 

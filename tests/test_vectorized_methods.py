@@ -37,6 +37,15 @@ CASES = {
     # executors' 1e-16 rounding differences by sqrt(eps) and two rounds drift apart by ~1e-5)
     "fedavg_feddecorr": dict(method="fedavg", norm="bn", client_opt="feddecorr", client_opt_args={"beta": 0.5, "eps": 1e-2}),
     "fn_feddecorr": dict(method="fedavg", norm="fn", client_opt="feddecorr", client_opt_args={"beta": 0.5, "eps": 1e-2}),
+    # MOON: the two frozen models stacked too, run on the same client-layout batches
+    "fedavg_moon": dict(method="fedavg", norm="bn", client_opt="moon", client_opt_args={"mu": 2.0}),
+    "fedbn_moon": dict(method="fedbn", norm="bn", client_opt="moon", client_opt_args={"mu": 2.0}),
+    "fbn_moon": dict(method="fbn", norm="fbn", client_opt="moon"),
+    "hbn_moon": dict(method="hbn", norm="hbn", client_opt="moon", client_opt_args={"mu": 2.0}),
+    # FedSAM: each client's own ascent point, the second pass over the chunk on the same batches
+    "fedavg_fedsam": dict(method="fedavg", norm="bn", client_opt="fedsam", client_opt_args={"rho": 0.1}),
+    "fbn_fedsam": dict(method="fbn", norm="fbn", client_opt="fedsam", client_opt_args={"rho": 0.1}),
+    "hbn_fedsam": dict(method="hbn", norm="hbn", client_opt="fedsam", client_opt_args={"rho": 0.1}, augment=True),
     # GN + weight-standardized convolutions (each client's filters standardized in the stacked conv)
     "fedavg_gn_ws": dict(method="fedavg", norm="gn_ws"),
 }
@@ -131,10 +140,18 @@ def test_hooks_without_a_stacked_form_still_fall_back_with_a_reason():
                                       checkpoint_every=0, out=None))
     assert sim.executor.name == "sequential"
     assert "client_begin without a stacked form" in sim.summary()["executor_note"]
-    # a client optimizer without a stacked form (MOON) keeps FBN sequential, and says why
+    # a client optimizer without a stacked form keeps FBN sequential, and says why
+    from fednorm.optim import FedProx, register_client_optimizer
+
+    @register_client_optimizer("_test_unstacked_prox", force=True)
+    class UnstackedProx(FedProx):
+        name = "_test_unstacked_prox"
+        stacked = False
+
     sim = Simulation(ExperimentConfig(dataset="digits", num_clients=3, rounds=1, method="fbn", norm="fbn",
-                                      client_opt="moon", checkpoint_every=0, out=None))
-    assert sim.executor.name == "sequential" and "client optimizer 'moon'" in sim.summary()["executor_note"]
+                                      client_opt="_test_unstacked_prox", checkpoint_every=0, out=None))
+    assert sim.executor.name == "sequential"
+    assert "client optimizer '_test_unstacked_prox'" in sim.summary()["executor_note"]
     assert vectorization_blockers(sim.method)
 
 

@@ -55,10 +55,10 @@ def vectorization_blockers(method: Method) -> list[str]:
     """Reasons why a method cannot run vectorized (empty when it can).
 
     Client-side hooks act on one client's model, which a stacked model does not have: a method
-    that overrides ``client_begin``/``client_end``/``client_loss`` runs vectorized only when it
-    also gives their stacked form (``stacked_client_begin``/``stacked_client_end``/
-    ``stacked_client_loss``, acting on the stacked model). Otherwise it runs on the sequential
-    executor.
+    that overrides ``client_begin``/``client_end``/``client_loss``/``client_gradient`` runs
+    vectorized only when it also gives their stacked form (``stacked_client_begin``/
+    ``stacked_client_end``/``stacked_client_loss``/``stacked_client_gradient``, acting on the
+    stacked model). Otherwise it runs on the sequential executor.
     """
     def overrides(m: Method, hook: str) -> bool:
         return getattr(type(m), hook) is not getattr(Method, hook)
@@ -75,12 +75,14 @@ def vectorization_blockers(method: Method) -> list[str]:
             reasons.append(f"method '{method.name}' overrides {hook} without a stacked form ({stacked})")
         else:
             reasons.append(f"method '{method.name}' overrides {hook}")
-    if overrides(method, "client_gradient"):  # no stacked form: a second pass per step on one client's model
+    if overrides(method, "client_gradient") and not overrides(method, "stacked_client_gradient"):
         who = (f"client optimizer '{method.client_opt.name}'" if inner is not None and not overrides(inner, "client_gradient")
                else f"method '{method.name}'")
-        reasons.append(f"{who} replaces each step's gradient (client_gradient), which has no stacked form")
+        reasons.append(f"{who} replaces each step's gradient (client_gradient) without a stacked form (stacked_client_gradient)")
     if method.requires_lockstep and overrides(method, "client_loss"):
         reasons.append(f"method '{method.name}' synchronises local steps, which take no client loss term")
+    if method.requires_lockstep and overrides(method, "client_gradient"):
+        reasons.append(f"method '{method.name}' synchronises local steps, whose gradients no hook replaces")
     return reasons
 
 
@@ -267,6 +269,7 @@ class VectorizedExecutor(Executor):
         )
         method.stacked_client_begin(ctx)
         has_loss_term = type(method).stacked_client_loss is not Method.stacked_client_loss
+        has_gradient_hook = type(method).stacked_client_gradient is not Method.stacked_client_gradient
         self.comm = self.comm_factory()
         for t in range(num_steps_max):
             if t < synced:
@@ -297,39 +300,60 @@ class VectorizedExecutor(Executor):
                     momentum = {n: None for n in momentum}
                     started[:] = False
                 continue
-            total = None
+            # The step's batches are drawn once: a method's gradient hook (FedSAM) recomputes
+            # the loss on the same (augmented) samples.
+            step_batches = []
             for bsz, members in groups.items():
                 x, y = self._gather([rows[j] for j in members], plans, indices, gens, t)
-                set_forward_clients(net, torch.tensor([rows[j] for j in members]))
-                if len(members) == kw:
-                    logits = net(x) if on_net else functional_call(net, {**params, **buffers, **frozen_now}, (x,))
-                else:
-                    logits = self._subset_forward(net, params, buffers, frozen_now, members, x)
-                kk = len(members)
-                losses = F.cross_entropy(
-                    logits.reshape(bsz, kk, -1).transpose(0, 1).reshape(kk * bsz, -1), y, reduction="none"
-                ).view(kk, bsz).mean(dim=1)
-                if not torch.isfinite(losses).all():
-                    bad = rows[members[int((~torch.isfinite(losses)).nonzero()[0])]]
-                    raise DivergenceError(
-                        f"non-finite training loss at round {server_round}, client {client_ids[bad]}, "
-                        f"method {method.name}, step {t + 1}"
-                    )
-                chunk_rows = [rows[j] for j in members]
-                weighted = losses.detach().double() * bsz
-                if kk == k:
-                    loss_sum += weighted
-                else:
-                    loss_sum.index_add_(0, torch.tensor(chunk_rows), weighted)
-                for i in chunk_rows:
-                    seen[i] += bsz
-                    steps[i] += 1
-                total = losses.sum() if total is None else total + losses.sum()
-            if has_loss_term:
-                extra = method.stacked_client_loss(ctx, params, torch.tensor(rows))
-                if extra is not None:
-                    total = total + extra
-            total.backward()  # type: ignore[union-attr]
+                step_batches.append((bsz, members, x, y))
+            working = torch.tensor(rows)
+
+            def step_loss(record: bool) -> torch.Tensor:
+                """The step's loss summed over the working set's clients (each its mean data loss
+                plus its client-loss term); ``record`` books it as the step's training loss."""
+                total = None
+                for bsz, members, x, y in step_batches:
+                    set_forward_clients(net, torch.tensor([rows[j] for j in members]))
+                    if len(members) == kw:
+                        logits = net(x) if on_net else functional_call(net, {**params, **buffers, **frozen_now}, (x,))
+                    else:
+                        logits = self._subset_forward(net, params, buffers, frozen_now, members, x)
+                    kk = len(members)
+                    losses = F.cross_entropy(
+                        logits.reshape(bsz, kk, -1).transpose(0, 1).reshape(kk * bsz, -1), y, reduction="none"
+                    ).view(kk, bsz).mean(dim=1)
+                    if not torch.isfinite(losses).all():
+                        bad = rows[members[int((~torch.isfinite(losses)).nonzero()[0])]]
+                        raise DivergenceError(
+                            f"non-finite training loss at round {server_round}, client {client_ids[bad]}, "
+                            f"method {method.name}, step {t + 1}"
+                        )
+                    if record:
+                        chunk_rows = [rows[j] for j in members]
+                        weighted = losses.detach().double() * bsz
+                        if kk == k:
+                            loss_sum.add_(weighted)
+                        else:
+                            loss_sum.index_add_(0, torch.tensor(chunk_rows), weighted)
+                        for i in chunk_rows:
+                            seen[i] += bsz
+                            steps[i] += 1
+                    total = losses.sum() if total is None else total + losses.sum()
+                if has_loss_term:
+                    extra = method.stacked_client_loss(ctx, params, working)
+                    if extra is not None:
+                        total = total + extra
+                return total  # type: ignore[return-value]
+
+            step_loss(record=True).backward()
+            if has_gradient_hook:
+
+                def closure() -> None:
+                    for p in params.values():
+                        p.grad = None
+                    step_loss(record=False).backward()
+
+                method.stacked_client_gradient(ctx, params, buffers, working, closure)
             self._sgd_step(params, momentum, started, list(range(kw)), lr)
             started[:] = True
         set_client_comm(net, None)

@@ -323,8 +323,9 @@ class Method:
         """After each local step's backward pass, before clipping and the optimiser step: may
         replace the gradients in ``p.grad`` (FedSAM's gradient at the perturbed weights).
         ``closure()`` recomputes the step's loss (with :meth:`client_loss`) and its gradients on
-        the same batch at the model's current weights. Default: nothing. No stacked form: a
-        method that overrides it runs on the sequential executor."""
+        the same batch at the model's current weights. Default: nothing. A method that
+        overrides it runs on the vectorized executor only if it overrides
+        :meth:`stacked_client_gradient` too."""
 
     # -- the same hooks in the client dimension (vectorized executor) ---------------------------
     def stacked_client_begin(self, ctx: StackedClientContext) -> None:
@@ -353,6 +354,18 @@ class Method:
         that overrides :meth:`client_loss` runs on the vectorized executor only if it overrides
         this too."""
         return None
+
+    def stacked_client_gradient(
+        self, ctx: StackedClientContext, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+        rows: torch.Tensor, closure: Any,
+    ) -> None:
+        """:meth:`client_gradient` for the clients of a stacked chunk, once per local step, after
+        the backward pass: ``params`` are the training clients' stacked trainable parameters
+        (row j = client ``rows[j]``, gradients in ``.grad``), ``buffers`` the stacked buffers the
+        step's forward passes use and update, and ``closure()`` recomputes the step's loss (data
+        loss and :meth:`stacked_client_loss`) and its gradients on the same batches at the current
+        values of ``params``. Each client's result must be what its :meth:`client_gradient` gives.
+        Default: nothing."""
 
     def stacked_client_query(self, query: str, ctx: StackedClientContext) -> list[dict[str, torch.Tensor]] | None:
         """:meth:`client_query` for a chunk of clients held in one stacked model: each client's

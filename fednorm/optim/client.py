@@ -21,9 +21,11 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from ..errors import ConfigError
 from ..methods.base import ClientContext, ClientUpdates, Method, StackedClientContext
+from ..nn.stacked import forward_clients, stack_model
 from ..registry import Registry
 from .checks import check_number
 
@@ -95,7 +97,7 @@ class ClientOptimizer:
 
     def gradient(self, ctx: ClientContext, model: nn.Module, closure: Any) -> None:
         """After each step's backward pass: may replace ``p.grad`` (``uses_gradient``; see
-        :meth:`~fednorm.methods.base.Method.client_gradient`). No stacked form."""
+        :meth:`~fednorm.methods.base.Method.client_gradient`)."""
 
     def stacked_begin(self, ctx: StackedClientContext) -> None: ...
 
@@ -104,6 +106,13 @@ class ClientOptimizer:
         return None
 
     def stacked_end(self, ctx: StackedClientContext) -> None: ...
+
+    def stacked_gradient(
+        self, ctx: StackedClientContext, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+        rows: torch.Tensor, closure: Any,
+    ) -> None:
+        """:meth:`gradient` for the clients at chunk positions ``rows`` (see
+        :meth:`~fednorm.methods.base.Method.stacked_client_gradient`)."""
 
     def server_update(self, server_round: int, updates: ClientUpdates) -> None:
         """Server side, after aggregation (SCAFFOLD's global control variate)."""
@@ -343,6 +352,10 @@ class Moon(ClientOptimizer):
     (augmented) batch. fednorm models have no projection head, so the representation is the
     penultimate feature vector (MOON's "no projection head" ablation).
 
+    On the vectorized executor the two frozen models are stacked copies of the base model
+    holding every client of the chunk (built once per chunk size, without hooks), run on the
+    same client-layout batches as the trained stacked model.
+
     Args:
         mu: weight of the contrastive term; MOON uses 5 on CIFAR-10 and 1 on CIFAR-100 and
             Tiny-ImageNet (its code's default is 1). (default: 1.0)
@@ -353,6 +366,7 @@ class Moon(ClientOptimizer):
     uses_begin = True
     uses_loss = True
     uses_end = True
+    stacked = True
 
     def __init__(self, mu: float = 1.0, temperature: float = 0.5) -> None:
         self.mu = check_number("moon mu", mu, 0.0)
@@ -362,6 +376,9 @@ class Moon(ClientOptimizer):
         self._hooks: list[Any] = []
         self._batch: torch.Tensor | None = None
         self._features: torch.Tensor | None = None
+        self._stacked_frozen: dict[int, tuple[nn.Module, nn.Module]] = {}  # chunk size -> (global, prev)
+        self._passes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []  # (x, z, clients)
+        self._pending: torch.Tensor | None = None
 
     def setup(self, model: nn.Module, method: Method, num_clients: int, local_momentum: float = 0.0) -> None:
         super().setup(model, method, num_clients, local_momentum)
@@ -416,6 +433,89 @@ class Moon(ClientOptimizer):
         self._remove_hooks()
         self._batch = self._features = None
         ctx.local_state.update({MOON_PREFIX + k: v.detach().clone() for k, v in ctx.model.state_dict().items()})
+
+    # -- the stacked form ------------------------------------------------------------------------
+    def _frozen_stacks(self, k: int) -> tuple[nn.Module, nn.Module]:
+        if k not in self._stacked_frozen:
+            assert self._global is not None
+            pair = tuple(stack_model(self._global, k, verify=False) for _ in range(2))
+            for frozen in pair:
+                frozen.requires_grad_(False)
+            self._stacked_frozen[k] = pair  # type: ignore[assignment]
+        return self._stacked_frozen[k]
+
+    def stacked_begin(self, ctx: StackedClientContext) -> None:
+        self._remove_hooks()
+        self._passes, self._pending = [], None
+        model = ctx.model
+        start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        glob, prev = self._frozen_stacks(len(ctx))
+        glob.load_state_dict(start)
+        prev_state = {}
+        for key, rows in start.items():
+            saved = [local.get(MOON_PREFIX + key) for local in ctx.local_states]
+            prev_state[key] = torch.stack([rows[i] if v is None else v.to(rows.dtype) for i, v in enumerate(saved)])
+        prev.load_state_dict(prev_state)
+
+        def grab_input(module: nn.Module, args: tuple) -> None:
+            if module.training:
+                self._pending = args[0]
+
+        def grab_features(module: nn.Module, args: tuple) -> None:
+            if module.training and self._pending is not None:
+                self._passes.append((self._pending, args[0], forward_clients(model)))
+                self._pending = None
+
+        self._hooks = [model.register_forward_pre_hook(grab_input), model.head.register_forward_pre_hook(grab_features)]
+
+    def _frozen_features(self, frozen: nn.Module, x: torch.Tensor, clients: torch.Tensor | None, k: int) -> torch.Tensor:
+        """The frozen stacked model's head input on ``x`` for the chunk positions ``clients``."""
+        frozen.train()
+        if clients is None or (len(clients) == k and bool((clients == torch.arange(k)).all())):
+            return frozen.forward_features(x)
+        idx = clients.to(torch.long)
+        state = {n: t.index_select(0, idx) for n, t in frozen.state_dict().items()}
+        grabbed: list[torch.Tensor] = []
+        handle = frozen.head.register_forward_pre_hook(lambda _m, args: grabbed.append(args[0]))
+        try:
+            functional_call(frozen, state, (x,))
+        finally:
+            handle.remove()
+        # Statistics the pass updated (FBN normalises with them in training too) go back to
+        # their rows, as the sequential frozen model keeps its own from step to step.
+        for name, buf in frozen.named_buffers():
+            buf.index_copy_(0, idx, state[name])
+        return grabbed[0]
+
+    def stacked_loss(self, ctx: StackedClientContext, params: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor | None:
+        passes, self._passes = self._passes, []
+        if not passes:
+            return None
+        glob, prev = self._frozen_stacks(len(ctx))
+        d = ctx.model.head.in_features
+        total = None
+        for x, z, clients in passes:
+            with torch.no_grad():
+                z_glob = self._frozen_features(glob, x, clients, len(ctx))
+                z_prev = self._frozen_features(prev, x, clients, len(ctx))
+            b = z.shape[0]
+            kk = z.shape[1] // d
+            # [B, kk·d] client-concatenated -> [kk·B, d], client-major: each client's batch mean
+            per = [t.reshape(b, kk, d).transpose(0, 1).reshape(kk * b, d) for t in (z, z_glob, z_prev)]
+            pos = F.cosine_similarity(per[0], per[1], dim=1) / self.temperature
+            neg = F.cosine_similarity(per[0], per[2], dim=1) / self.temperature
+            logits = torch.stack([pos, neg], dim=1)
+            term = F.cross_entropy(logits, torch.zeros(kk * b, dtype=torch.long, device=z.device), reduction="none")
+            term = term.view(kk, b).mean(dim=1).sum()
+            total = term if total is None else total + term
+        return self.mu * total
+
+    def stacked_end(self, ctx: StackedClientContext) -> None:
+        self._remove_hooks()
+        self._passes, self._pending = [], None
+        state = ctx.model.state_dict()
+        for i, local in enumerate(ctx.local_states):
+            local.update({MOON_PREFIX + k: v[i].detach().clone() for k, v in state.items()})
 
     def hparams(self) -> dict[str, Any]:
         return {"mu": self.mu, "temperature": self.temperature}

@@ -10,8 +10,7 @@ method's.
 
 A hook is overridden only when the wrapped method or the client optimizer uses it, so a server
 optimizer alone keeps a method on the vectorized executor; a client optimizer keeps it there when
-it has a stacked form of its hooks (all but FedSAM, whose per-step second pass acts on one
-client's model and moves the run to the sequential executor).
+it has a stacked form of its hooks (every built-in one has).
 """
 
 from __future__ import annotations
@@ -109,6 +108,14 @@ class OptimizedMethod(Method):
                              self.client_opt.stacked_loss(ctx, params, rows) if self.client_opt.uses_loss else None)
                  if t is not None]
         return sum(terms[1:], terms[0]) if terms else None
+
+    def _stacked_gradient(
+        self, ctx: StackedClientContext, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+        rows: torch.Tensor, closure: Any,
+    ) -> None:
+        self.inner.stacked_client_gradient(ctx, params, buffers, rows, closure)
+        if self.client_opt.uses_gradient:
+            self.client_opt.stacked_gradient(ctx, params, buffers, rows, closure)
 
     def _stacked_end(self, ctx: StackedClientContext) -> None:
         self.inner.stacked_client_end(ctx)
@@ -253,6 +260,7 @@ def compose(
         ("stacked_client_begin", OptimizedMethod._stacked_begin, client_opt.uses_begin),
         ("stacked_client_loss", OptimizedMethod._stacked_loss, client_opt.uses_loss),
         ("stacked_client_end", OptimizedMethod._stacked_end, client_opt.uses_end),
+        ("stacked_client_gradient", OptimizedMethod._stacked_gradient, client_opt.uses_gradient),
     ):
         if (used and client_opt.stacked) or (not used and _overrides(method, hook)):
             hooks[hook] = impl

@@ -13,6 +13,7 @@ from fednorm.errors import ConfigError
 from fednorm.methods import ClientContext, FedAvg
 from fednorm.models import get_model
 from fednorm.optim import FedSAM, compose
+from fednorm.optim.sam import sam_perturbation, stacked_sam_perturbation
 
 D = torch.float64
 
@@ -68,21 +69,40 @@ def test_one_fedsam_step_equals_the_two_pass_formula(norm):
     assert not torch.allclose(plain.head.weight, model.head.weight)
 
 
-def test_fedsam_rho0_equals_fedavg_and_runs_sequentially_with_the_reason():
+@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
+def test_fedsam_rho0_equals_fedavg(executor):
     base = dict(dataset="digits", partition="dirichlet", alpha=0.5, num_clients=4, clients_per_round=2, rounds=2,
-                batch_size=32, lr=0.05, model="mlp", norm="bn", dtype="float64", threads=1, augment=False, seed=3)
-    ref = Simulation(ExperimentConfig(**base, executor="sequential"))
+                batch_size=32, lr=0.05, model="mlp", norm="bn", dtype="float64", threads=1, augment=False, seed=3,
+                executor=executor)
+    ref = Simulation(ExperimentConfig(**base))
     for _ in ref.rounds():
         pass
-    sam = Simulation(ExperimentConfig(**base, executor="auto", client_opt="fedsam", client_opt_args={"rho": 0.0}))
-    assert sam.executor.name == "sequential"
-    assert "fedsam" in sam.executor_note and "no stacked form" in sam.executor_note
+    sam = Simulation(ExperimentConfig(**base, client_opt="fedsam", client_opt_args={"rho": 0.0}))
+    assert sam.executor.name == executor
     for _ in sam.rounds():
         pass
     for k in ref.global_state:
         assert torch.equal(ref.global_state[k], sam.global_state[k]), k
-    with pytest.raises(ConfigError, match="executor 'vectorized' is not possible here: client optimizer 'fedsam'"):
-        Simulation(ExperimentConfig(**base, executor="vectorized", client_opt="fedsam"))
+
+
+def test_fedsam_runs_vectorized_under_auto():
+    sim = Simulation(ExperimentConfig(dataset="digits", num_clients=3, rounds=1, client_opt="fedsam",
+                                      checkpoint_every=0, out=None))
+    assert sim.executor.name == "vectorized", sim.executor_note
+
+
+def test_stacked_perturbation_is_each_clients_own():
+    """Row i of the stacked ascent step is sam_perturbation of client i's gradients alone."""
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(3, 4, 5, generator=gen, dtype=torch.float64), torch.randn(3, 7, generator=gen, dtype=torch.float64)]
+    grads[0][1] *= 100.0  # clients with very different norms
+    stacked = stacked_sam_perturbation(grads, rho=0.05)
+    for i in range(3):
+        want = sam_perturbation([g[i] for g in grads], rho=0.05)
+        for got, w in zip(stacked, want):
+            torch.testing.assert_close(got[i], w, rtol=1e-14, atol=0)
+        norm = torch.sqrt(sum(g[i].pow(2).sum() for g in stacked))
+        assert float(norm) == pytest.approx(0.05, rel=1e-12)
 
 
 def test_fedsam_with_hbn_learns():
