@@ -87,6 +87,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--executor", default="auto", choices=["auto", "sequential", "vectorized"])
     ap.add_argument("--only", help="comma-separated labels to time (the reference FedAvg+BN is always timed)")
+    ap.add_argument("--sequential-too", metavar="LABELS",
+                    help="comma-separated labels also timed on the sequential executor, as 'LABEL (sequential)'")
     ap.add_argument("--out", default=None)
     ap.add_argument("--markdown", metavar="JSON", help="print the markdown table of a result file and exit")
     args = ap.parse_args()
@@ -97,6 +99,9 @@ def main() -> None:
     base = base_config(args)
     wanted = None if not args.only else {s.strip() for s in args.only.split(",")} | {"FedAvg+BN"}
     variants = [(label, kw) for label, kw in VARIANTS if wanted is None or label in wanted]
+    for extra in ([] if not args.sequential_too else [s.strip() for s in args.sequential_too.split(",")]):
+        kw = dict(VARIANTS)[extra]
+        variants.append((f"{extra} (sequential)", {**kw, "executor": "sequential"}))
     sims: dict[str, Simulation] = {}
     for label, kw in variants:
         sims[label] = Simulation(ExperimentConfig(**{**base, **kw}))
