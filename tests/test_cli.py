@@ -21,6 +21,15 @@ def test_cli_run_end_to_end_in_a_subprocess(tmp_path):
         assert (out / name).is_file(), name
 
 
+def test_one_evaluation_writes_no_curve_but_every_result(tmp_path):
+    """A curve needs two points: `--rounds 1` skips matplotlib's import and drawing."""
+    out = tmp_path / "one"
+    assert main(["run", "--rounds", "1", "--num-clients", "3", "--model", "mlp", "--out", str(out), "--quiet"]) == 0
+    assert not (out / "accuracy.png").exists()
+    for name in ("config.yaml", "metrics.jsonl", "summary.json"):
+        assert (out / name).is_file(), name
+
+
 def test_cli_config_file_and_overrides(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("rounds: 1\nnum_clients: 3\nnorm: ln\nmethod_args: {weighting: uniform}\n")

@@ -73,7 +73,10 @@ class RunWriter:
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
         self.close()
         self._atomic_write("summary.json", json.dumps(json_safe(summary), indent=2) + "\n")
-        if history:
+        # A curve needs two points: a one-evaluation run (a smoke test, `--rounds 1`) skips
+        # matplotlib, which costs more than such a run's training (about 1.5 s of import and
+        # drawing); its one point is in metrics.jsonl and summary.json.
+        if len(history) >= 2:
             from ..plotting import plot_accuracy
 
             cfg = self.config
