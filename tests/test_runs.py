@@ -3,6 +3,8 @@
 import json
 import math
 
+import pytest
+
 from fednorm import api
 from fednorm.config import ExperimentConfig
 from fednorm.engine.outputs import read_metrics, read_summary
@@ -60,6 +62,8 @@ def test_run_directory_contract(tmp_path):
     for key in ("final_test_accuracy", "best_test_accuracy", "rounds", "wall_seconds", "method", "norm", "seed"):
         assert key in summary, key
     assert summary["rounds"] == 3 and summary["final_test_accuracy"] == metrics[-1]["test_accuracy"]
+    assert 0 < summary["eval_seconds"] < summary["wall_seconds"]
+    assert summary["eval_fraction"] == pytest.approx(summary["eval_seconds"] / summary["wall_seconds"])
     assert (out / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the resolved config repeats the run exactly
     again = api.run(out / "config.yaml", out=str(tmp_path / "again"), progress=False)

@@ -197,6 +197,7 @@ class Simulation:
         self._last_traffic = CommTraffic()  # exchanges inside the round's training (FedTAN), counted there
         self.samples_trained = 0
         self.wall_seconds = 0.0
+        self.eval_seconds = 0.0  # the part of wall_seconds spent evaluating (with the method's evaluation state)
         self.history: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self._pending_events: list[dict[str, Any]] = []
@@ -478,6 +479,7 @@ class Simulation:
                 "comm_rounds": self.comm_rounds,
                 "samples_trained": self.samples_trained,
                 "wall_seconds": self.wall_seconds,
+                "eval_seconds": self.eval_seconds,
                 "dropped": dict(self.dropped),
             },
             "history": self.history,
@@ -498,6 +500,7 @@ class Simulation:
         self.downlink_bytes_broadcast = int(c.get("downlink_bytes_broadcast", 0))
         self.comm_rounds, self.samples_trained = int(c["comm_rounds"]), int(c["samples_trained"])
         self.wall_seconds = float(c["wall_seconds"])
+        self.eval_seconds = float(c.get("eval_seconds", 0.0))
         self.dropped = dict(c.get("dropped", {}))
         self.history = list(state["history"])
         self.events = list(state.get("events", []))
@@ -553,7 +556,9 @@ class Simulation:
         else:
             test_acc, test_loss, client_acc = self.evaluate_global(state)
         valid = [a for a in client_acc if a is not None]
-        self.wall_seconds += time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        self.wall_seconds += elapsed
+        self.eval_seconds += elapsed
         return {
             "test_accuracy": test_acc,
             "test_loss": test_loss,
@@ -625,6 +630,8 @@ class Simulation:
             "wall_seconds": self.wall_seconds,
             "samples_trained": self.samples_trained,
             "samples_per_second": self.samples_trained / self.wall_seconds if self.wall_seconds else None,
+            "eval_seconds": self.eval_seconds,
+            "eval_fraction": self.eval_seconds / self.wall_seconds if self.wall_seconds else None,
             "uplink_bytes": self.uplink_bytes,
             "downlink_bytes": self.downlink_bytes,
             "downlink_bytes_broadcast": self.downlink_bytes_broadcast,
