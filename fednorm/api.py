@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -62,12 +63,30 @@ RESUMABLE_OVERRIDES = ("rounds", "eval_every", "eval_last_rounds", "eval_batch_s
                        "log", "log_args", "diagnostics")  # diagnostics measure, they do not change training
 
 
+#: A file whose appearance asks a run to stop after the current round, as a first SIGINT/SIGTERM
+#: does; it holds the signal's number. ``fednorm launch`` sets it for its workers, which run in
+#: their own session so that a Ctrl-C reaches the launcher only (torchrun would print a traceback).
+STOP_FILE_ENV = "FEDNORM_STOP_FILE"
+
+
 class _StopRequest:
-    """Turns the first SIGINT/SIGTERM into a request to stop after the current round."""
+    """Turns the first SIGINT/SIGTERM (or the stop file of :data:`STOP_FILE_ENV`) into a request
+    to stop after the current round."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
         self._previous: dict[int, Any] = {}
+        self._file = os.environ.get(STOP_FILE_ENV) or None
+
+    @property
+    def requested(self) -> bool:
+        if self.signal is None and self._file is not None:
+            try:
+                text = Path(self._file).read_text().strip()
+            except OSError:
+                return False
+            self.signal = int(text) if text.isdigit() else 2  # SIGINT's number when the file gives none
+        return self.signal is not None
 
     def __enter__(self) -> "_StopRequest":
         import signal
@@ -244,7 +263,7 @@ def run(
                 call_all(hooks, "on_round_end", record, sim)
                 if write and cfg.checkpoint_every and sim.server_round % cfg.checkpoint_every == 0:
                     checkpoint_now()
-                if sim.agree_to_stop(stop.signal is not None):
+                if sim.agree_to_stop(stop.requested):
                     status, stop_signal = "interrupted", stop.signal
                     break
     except (DivergenceError, RoundFailedError) as exc:

@@ -152,3 +152,39 @@ def test_lockstep_method_rejects_a_rank_without_clients(tmp_path):
     bad = _launch("--nproc", "3", *LAUNCH_ARGS[:-1], "--method", "fedtan", "--num-clients", "2", "--out", str(tmp_path / "r"))
     assert bad.returncode != 0
     assert "hosts no non-empty client" in bad.stderr, bad.stderr[-2000:]
+
+
+@pytest.mark.parametrize("how, status", [("ctrl-c", 130), ("sigterm", 143)])
+def test_an_interrupted_launch_stops_after_a_round_without_a_traceback(tmp_path, how, status):
+    """A Ctrl-C reaches the launcher's process group, a scheduler's SIGTERM the launcher alone;
+    either way the workers (in their own session) stop together after a round with a checkpoint,
+    and the launcher exits with the signal's status, 130 or 143 (not 0: a scheduler must not read
+    the run as done), with no traceback from torchrun."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    args = list(LAUNCH_ARGS)
+    args[args.index("--rounds") + 1] = "100000"  # far more than the test waits for
+    args += ["--eval-every", "1"]  # a metrics line per round shows that training runs
+    proc = subprocess.Popen([sys.executable, "-m", "fednorm.cli.main", "launch", "--nproc", "2", *args, "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text().strip():
+            assert time.monotonic() < deadline and proc.poll() is None, "the run did not start"
+            time.sleep(0.5)
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == status, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "interrupted" in stderr and "--resume" in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds"] >= 1

@@ -456,9 +456,11 @@ def _cmd_launch(args: argparse.Namespace, forwarded: list[str]) -> int:
     """Start ``--nproc`` workers with torchrun on this machine; each runs ``fednorm run`` on its
     share of the clients (fednorm.distributed)."""
     import os
+    import signal
     import subprocess
 
-    from ..engine.outputs import default_run_dir
+    from ..api import STOP_FILE_ENV
+    from ..engine.outputs import default_run_dir, read_summary
 
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
@@ -476,9 +478,42 @@ def _cmd_launch(args: argparse.Namespace, forwarded: list[str]) -> int:
            "-m", "fednorm.distributed", *worker, *forwarded]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
-    proc = subprocess.run(cmd, env=env)
-    if proc.returncode != 0:
-        print(f"fednorm launch: the workers failed (exit status {proc.returncode}); see the messages above", file=sys.stderr)
+    run_dir = Path(args.resume) if args.resume is not None else Path(cfg.out)
+    # torchrun and the workers run in their own session, so a Ctrl-C reaches this process only
+    # (torchrun would answer it with a traceback). The first SIGINT/SIGTERM asks the workers, by
+    # the stop file, to stop together after their round with a checkpoint; a second stops them now.
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stop_file = run_dir / ".stop-request"
+    stop_file.unlink(missing_ok=True)
+    env[STOP_FILE_ENV] = str(stop_file)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    stopped: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopped.append(signum)
+        if len(stopped) == 1:
+            stop_file.write_text(str(signum))
+            print("fednorm launch: stopping after the current round (again to stop now)", file=sys.stderr, flush=True)
+        else:
+            os.killpg(proc.pid, signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        returncode = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        stop_file.unlink(missing_ok=True)
+    try:
+        status = read_summary(run_dir).get("status")
+    except (OSError, ValueError):
+        status = None
+    if status == "interrupted" or stopped:
+        print(f"fednorm launch: interrupted; continue with: fednorm launch --nproc {args.nproc} --resume {run_dir}",
+              file=sys.stderr)
+        return exit_code_for_signal(stopped[0] if stopped else None)
+    if returncode != 0:
+        print(f"fednorm launch: the workers failed (exit status {returncode}); see the messages above", file=sys.stderr)
         return 1
     return 0
 
