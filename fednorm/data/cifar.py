@@ -14,7 +14,7 @@ import numpy as np
 
 from fednorm.errors import DatasetError
 
-from .datasets import DatasetInfo, ImageDataset, _Found, _load_npz_split, _npz_split_files, register_dataset
+from .datasets import DatasetInfo, ImageDataset, _Found, register_dataset
 from .download import check_integrity, extract_archive
 
 __all__ = ["CIFAR10", "CIFAR100"]
@@ -118,14 +118,9 @@ class CIFAR10(ImageDataset):
             if not bad:
                 return _Found("pickle", tuple(paths)), problems
             problems += [f"{p} failed its md5 check" for p in bad]
-        npz = _npz_split_files(self.root, self.npz_prefix, self.train)
-        if npz:
-            return _Found("npz", npz), problems
         return None, problems
 
     def _load(self, found: _Found) -> tuple[np.ndarray, np.ndarray]:
-        if found.layout == "npz":
-            return _load_npz_split(found.paths)
         batches = [_load_cifar_batch(p, self.label_key) for p in found.paths]
         return np.concatenate([x for x, _ in batches]), np.concatenate([y for _, y in batches])
 

@@ -107,7 +107,7 @@ class DatasetInfo:
 class _Found:
     """The files of one split in one layout, as located on disk."""
 
-    layout: str  # "idx", "npz", "pickle", "libsvm", "builtin"
+    layout: str  # "idx", "npz", "npz_split" (the base class's fallback), "pickle", "libsvm", "builtin"
     paths: tuple[Path, ...]
 
 
@@ -115,9 +115,10 @@ class ImageDataset:
     """One split of an image-classification dataset, held in memory.
 
     Subclasses declare ``info``, ``classes``, ``resources`` and ``mirrors`` and implement
-    ``_locate`` (find this split's files, verifying checksums) and ``_load`` (parse them);
-    the base class handles the root folder, downloading, the not-found error and the
-    validation of the loaded arrays.
+    ``_locate`` (find this split's files in the upstream layout, verifying checksums) and
+    ``_load`` (parse them); the base class handles the root folder, downloading, the npz
+    layout (``root/<npz_prefix>_train*.npz`` / ``_test*.npz``, tried when the upstream files are
+    absent; set ``npz_prefix``), the not-found error and the validation of the loaded arrays.
 
     Args:
         root: folder searched for the files (default: :func:`default_root`).
@@ -137,6 +138,7 @@ class ImageDataset:
     classes: list[str] = []
     resources: ClassVar[list[tuple[str, str | None]]] = []
     mirrors: ClassVar[list[str]] = []
+    npz_prefix: ClassVar[str | None] = None
 
     def __init__(self, root: str | os.PathLike | None = None, train: bool = True, download: bool = False) -> None:
         self.root: Path | None = self._resolve_root(root)
@@ -144,12 +146,12 @@ class ImageDataset:
         self.classes = list(type(self).classes)
         if download:
             self.download()
-        found, problems = self._locate()
+        found, problems = self._locate_split()
         if found is None:
             details = "".join(f" {p}." for p in problems)
             raise DatasetError(f"Dataset not found or corrupted at {self.root}.{details} {self._advice()}")
         self.source = found
-        data, targets = self._load(found)
+        data, targets = _load_npz_split(found.paths) if found.layout == "npz_split" else self._load(found)
         self.data, self.targets = self._validate(data, targets, found)
 
     # -- hooks for subclasses ------------------------------------------------------------
@@ -179,8 +181,17 @@ class ImageDataset:
 
     # -- shared behaviour ----------------------------------------------------------------
 
+    def _locate_split(self) -> tuple[_Found | None, list[str]]:
+        """The upstream files (:meth:`_locate`), else this split's npz files."""
+        found, problems = self._locate()
+        if found is None and self.npz_prefix and self.root is not None:
+            npz = _npz_split_files(self.root, self.npz_prefix, self.train)
+            if npz:
+                return _Found("npz_split", npz), problems
+        return found, problems
+
     def _check_integrity(self) -> bool:
-        return self._locate()[0] is not None
+        return self._locate_split()[0] is not None
 
     def download(self) -> None:
         """Fetch every file in ``resources`` unless this split is already present.

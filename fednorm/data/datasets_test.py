@@ -321,7 +321,7 @@ class TestMNIST:
         x, y = _fake_images(6, 28, 28, 1), _fake_labels(6)
         _write_npz(tmp_path / "mnist_train.npz", x, y)
         ds = MNIST(tmp_path)
-        assert ds.source.layout == "npz"
+        assert ds.source.layout == "npz_split"
         np.testing.assert_array_equal(ds.data, x)
         np.testing.assert_array_equal(ds.targets, y)
 

@@ -19,8 +19,6 @@ from .datasets import (
     DatasetInfo,
     ImageDataset,
     _Found,
-    _load_npz_split,
-    _npz_split_files,
     _read_maybe_compressed,
     register_dataset,
 )
@@ -147,14 +145,9 @@ class MNIST(ImageDataset):
                 problems += [f"{f} failed its md5 check" for f in bad]
                 continue
             return _Found("idx", tuple(files)), problems
-        npz = _npz_split_files(self.root, self.npz_prefix, self.train)
-        if npz:
-            return _Found("npz", npz), problems
         return None, problems
 
     def _load(self, found: _Found) -> tuple[np.ndarray, np.ndarray]:
-        if found.layout == "npz":
-            return _load_npz_split(found.paths)
         images_path, labels_path = found.paths
         images = read_idx(images_path, ndim=3)
         labels = read_idx(labels_path, ndim=1)

@@ -18,8 +18,6 @@ from .datasets import (
     DatasetInfo,
     ImageDataset,
     _Found,
-    _load_npz_split,
-    _npz_split_files,
     _read_maybe_compressed,
     register_dataset,
 )
@@ -61,14 +59,9 @@ class USPS(ImageDataset):
                 if check_integrity(path, md5):
                     return _Found("libsvm", (path,)), problems
                 problems.append(f"{path} failed its md5 check")
-        npz = _npz_split_files(self.root, self.npz_prefix, self.train)
-        if npz:
-            return _Found("npz", npz), problems
         return None, problems
 
     def _load(self, found: _Found) -> tuple[np.ndarray, np.ndarray]:
-        if found.layout == "npz":
-            return _load_npz_split(found.paths)
         path = found.paths[0]
         values, targets = _parse_libsvm(path, num_features=16 * 16)
         if values.size and (values.min() < -1 or values.max() > 1):
