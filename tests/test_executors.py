@@ -79,6 +79,38 @@ def test_auto_picks_vectorized_and_falls_back_with_a_note():
         Simulation(ExperimentConfig(dataset="digits", num_clients=3, rounds=1, method="_test_hooked", executor="vectorized"))
 
 
+def test_forward_macs_counts_convolutions_and_linear_layers_by_hand():
+    from fednorm.engine.cost import forward_macs
+    from fednorm.models import get_model
+
+    # Simple-CNN at 32x32: three 3x3 convolutions (3->16 at 32x32, 16->32 at 16x16, 32->64 at 8x8),
+    # Linear(64*4*4 -> 128) and the head 128 -> 10.
+    want = 16 * 3 * 9 * 32 * 32 + 32 * 16 * 9 * 16 * 16 + 64 * 32 * 9 * 8 * 8 + 1024 * 128 + 128 * 10
+    model = get_model("simple_cnn", num_classes=10, in_channels=3, input_size=(32, 32))
+    assert forward_macs(model, torch.zeros(3, 3, 32, 32)) == want
+    assert model.training  # the probe leaves the mode as it found it
+
+
+@pytest.mark.parametrize("model, batch, expected", [
+    ("simple_cnn", 64, "vectorized"),   # 8x8 digits: a step is 11M multiply-adds, overhead-bound
+    ("fedbn_cnn", 16, "vectorized"),    # B <= 16 always runs stacked
+    ("fedbn_cnn", 32, "sequential"),    # 2,000M-MAC steps: grouped convolutions lose on a CPU
+])
+def test_auto_runs_large_steps_one_client_at_a_time_on_cpu(model, batch, expected):
+    sim = Simulation(ExperimentConfig(dataset="digits", num_clients=3, rounds=1, model=model, batch_size=batch,
+                                      checkpoint_every=0, out=None))
+    assert sim.executor.name == expected, sim.executor_note
+    if expected == "sequential":
+        assert "multiply-adds" in sim.executor_note
+    # an explicit choice is always kept, and a lockstep method (FedTAN) stays stacked
+    forced = Simulation(ExperimentConfig(dataset="digits", num_clients=3, rounds=1, model=model, batch_size=batch,
+                                         executor="vectorized", checkpoint_every=0, out=None))
+    assert forced.executor.name == "vectorized"
+    tan = Simulation(ExperimentConfig(dataset="digits", num_clients=3, rounds=1, model=model, batch_size=batch,
+                                      method="fedtan", checkpoint_every=0, out=None))
+    assert tan.executor.name == "vectorized"
+
+
 def test_feature_norm_models_vectorized_equal_sequential():
     seq, vec = _pair(model="simple_cnn", norm="none", model_args={"feature_norm": True}, rounds=1)
     _assert_same(seq, vec, rounds=1)

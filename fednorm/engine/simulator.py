@@ -30,6 +30,7 @@ from ..optim.compose import build_method
 from ..privacy import ClientLevelDP, require_opacus
 from ..robust import get_aggregator, get_attack
 from .bank import ClientStateBank
+from .cost import prefers_sequential
 from .evaluation import evaluate
 from .executor import SequentialExecutor
 from .vectorized import VectorizedExecutor
@@ -229,6 +230,12 @@ class Simulation:
                 raise ConfigError(f"client_deadline needs executor 'sequential' or 'auto': {why}")
             self.executor_note = f"sequential because {why}"
             return SequentialExecutor(*args)
+        if cfg.executor == "auto" and not lockstep:
+            example = self.data.train_x[:1].to(device=self.device, dtype=self.dtype)
+            why = prefers_sequential(self.model, example, cfg.batch_size, self.device)
+            if why is not None:
+                self.executor_note = f"sequential because {why}"
+                return SequentialExecutor(*args)
         if cfg.executor == "sequential":
             if lockstep:
                 raise ConfigError(
