@@ -186,6 +186,7 @@ class Simulation:
             crop_padding=info.crop_padding,
             channels_last=config.channels_last and any(isinstance(m, nn.Conv2d) for m in self.model.modules()),
         )
+        self.method.channels_last = self.spec.channels_last
         self.executor_note = ""
         self.executor = self._make_executor()
         self._eval_forward: Any = None

@@ -237,6 +237,9 @@ class Method:
     # without one; set by the simulator, for methods that run their own passes over the
     # training data and should see what training sees (HBN's reference-code statistics pass).
     train_augmentation: int | None = None
+    # Whether training feeds 4-d batches channels-last (LocalSpec.channels_last); set by the
+    # simulator, so that a method's own passes (HBN's statistics pass) use the same fast layout.
+    channels_last: bool = False
     personalized: ClassVar[bool] = False
     requires_lockstep: ClassVar[bool] = False
     # The normalization policy (fednorm.methods.policy): where BatchNorm buffers and affine

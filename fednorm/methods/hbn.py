@@ -237,7 +237,8 @@ class HBN(FedAvg):
         what Eq. 8 weights by and takes Bessel's N from (``bessel_count``): ``len(x)`` for
         ``"samples"``; the values per channel (samples × H × W) for ``"elements"``. Both give
         the same pooled mean, since every client's count is scaled by the same H × W."""
-        stats = collect_hbn_statistics(model, self._statistics_batches(x), train_mode=self.stats_mode == "train")
+        stats = collect_hbn_statistics(model, self._statistics_batches(x), train_mode=self.stats_mode == "train",
+                                       channels_last=self.channels_last)
         modules = dict(model.named_modules())
         return self._statistics_upload(
             stats, len(x), lambda name: (modules[name].batch_weight, modules[name].global_mean, modules[name].global_var)
@@ -316,7 +317,8 @@ class HBN(FedAvg):
         inputs = [self._statistics_input(x, y, ctx.server_round, cid, phase) if len(x) else x
                   for x, y, cid in zip(ctx.x, ctx.y, ctx.client_ids)]
         stats = collect_stacked_hbn_statistics(
-            net, [self._statistics_batches(x) if len(x) else [] for x in inputs], train_mode=self.stats_mode == "train"
+            net, [self._statistics_batches(x) if len(x) else [] for x in inputs], train_mode=self.stats_mode == "train",
+            channels_last=self.channels_last,
         )
         state = net.state_dict()
         out = []

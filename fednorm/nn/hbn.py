@@ -89,55 +89,52 @@ def hybrid_batch_norm(
 
 
 class _HybridNorm(torch.autograd.Function):
-    """Eqs. 1, 9, 10 as one op: the batch moments (a fast channel sum and a shifted sum of
-    squares), then ``y = x·a + b`` with per-channel ``a, b`` in a single elementwise pass; the
-    backward is closed-form from the channel sums ``Σg`` and ``Σg·x`` (two more elementwise
-    passes). Written out by hand because autograd through the ten elementwise ops of the
-    equations (and ``Tensor.var`` over several dims, which is slow on CPU) cost about four times
-    as much per layer. Inputs: ``x [N, C, *]``, the batch weight ``w = sigmoid(−alpha) [C]``,
-    constant global statistics, optional affine, eps."""
+    """Eqs. 1, 9, 10 as one op on PyTorch's native BatchNorm kernels. Forward: the batch moments
+    from the BatchNorm statistics kernel (one Welford pass), then BatchNorm's inference kernel
+    with the mixed statistics. Backward: BatchNorm's inference backward gives ``g·γ·rstd`` and the
+    channel sums ``Σg`` and ``Σg·(x − μ̂)·rstd`` in one fused pass; the terms through the batch
+    moments are one more elementwise pass. Written out because autograd through the ten
+    elementwise ops of the equations cost about four times as much per layer, and the native
+    kernels (memory-format aware, so channels-last batches stay fast) a further 1.1-2.4× less
+    than the same algebra in tensor ops (benchmarks/hbn_layer.py). Inputs: ``x [N, C, *]``, the
+    batch weight ``w = sigmoid(−alpha) [C]``, constant global statistics, optional affine, eps."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, global_mean: torch.Tensor, global_var: torch.Tensor,
                 weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-        dims = [0] + list(range(2, x.dim()))
-        n = x.numel() // x.shape[1]
-        d = x.dim()
-        batch_mean = x.mean(dim=dims)
-        centred = x - _channel_view(batch_mean, d)
-        batch_var = centred.mul_(centred).sum(dim=dims).div_(n)  # biased (Eq. 1)
-        del centred
-        mean = w * batch_mean + (1 - w) * global_mean
-        var = w * batch_var + (1 - w) * global_var
-        rstd = torch.rsqrt(var + eps)
-        scale = rstd if weight is None else rstd * weight
-        shift = -mean * scale if bias is None else bias - mean * scale
-        ctx.save_for_backward(x, w, batch_mean, batch_var, mean, rstd, global_mean, global_var, weight)
-        ctx.count = n
-        return torch.addcmul(_channel_view(shift, d), x, _channel_view(scale, d))
+        batch_mean, batch_var = torch.batch_norm_update_stats(x, None, None, 1.0)  # biased var (Eq. 1)
+        mean = torch.lerp(global_mean, batch_mean, w)  # w·μ_b + (1 − w)·μ_g (Eq. 9)
+        var = torch.lerp(global_var, batch_var, w)
+        ctx.save_for_backward(x, w, batch_mean, batch_var, mean, var, global_mean, global_var, weight)
+        ctx.count = x.numel() // x.shape[1]
+        ctx.eps = eps
+        return torch.batch_norm(x, weight, bias, mean, var, False, 0.0, eps, False)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, w, batch_mean, batch_var, mean, rstd, global_mean, global_var, weight = ctx.saved_tensors
+        x, w, batch_mean, batch_var, mean, var, global_mean, global_var, weight = ctx.saved_tensors
         n, d = ctx.count, x.dim()
-        dims = [0] + list(range(2, d))
-        sum_g = g.sum(dim=dims)
-        sum_gx = (g * x).sum(dim=dims)
-        sum_g_centred = sum_gx - mean * sum_g                 # Σ g·(x − μ̂)
-        gamma = rstd.new_ones(()) if weight is None else weight
-        d_mean = -rstd * gamma * sum_g                         # ∂L/∂μ̂
-        d_var = -0.5 * rstd**3 * gamma * sum_g_centred         # ∂L/∂σ̂²
-        grad_x = grad_w = grad_weight = grad_bias = None
+        rstd = (var + ctx.eps).rsqrt_()
+        gamma = torch.ones_like(rstd) if weight is None else weight
+        # Inference-mode BN backward at (μ̂, σ̂²) gives g·γ·rstd, Σ g·(x − μ̂)·rstd and Σ g.
+        grad_x, grad_gamma, sum_g = torch.ops.aten.native_batch_norm_backward(
+            g, x, gamma, mean, var, None, None, False, ctx.eps, [bool(ctx.needs_input_grad[0]), True, True]
+        )
+        scale = rstd * gamma
+        d_mean = (scale * sum_g).neg_()                      # ∂L/∂μ̂ = −γ·rstd·Σg
+        d_var = (scale * rstd * grad_gamma).mul_(-0.5)       # ∂L/∂σ̂² = −½γ·rstd³·Σg(x − μ̂)
+        grad_w = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            # ∂μ_b/∂x = 1/n, ∂σ_b²/∂x = 2(x − μ_b)/n: grad_x = g·a + x·b + c per channel.
-            b = 2.0 * d_var * w / n
-            c = d_mean * w / n - b * batch_mean
-            grad_x = torch.addcmul(torch.addcmul(_channel_view(c, d), x, _channel_view(b, d)), g, _channel_view(rstd * gamma, d))
+            # ∂μ_b/∂x = 1/n, ∂σ_b²/∂x = 2(x − μ_b)/n: grad_x = g·γ·rstd + x·b + c per channel.
+            w_n = w / n
+            b = (d_var * w_n).mul_(2.0)
+            c = torch.addcmul(d_mean * w_n, b, batch_mean, value=-1.0)
+            grad_x = grad_x.addcmul_(x, _channel_view(b, d)).add_(_channel_view(c, d))
         if ctx.needs_input_grad[1]:
-            grad_w = d_mean * (batch_mean - global_mean) + d_var * (batch_var - global_var)
+            grad_w = torch.addcmul(d_mean * (batch_mean - global_mean), d_var, batch_var - global_var)
         if weight is not None and ctx.needs_input_grad[4]:
-            grad_weight = rstd * sum_g_centred
+            grad_weight = grad_gamma
         if ctx.needs_input_grad[5]:
             grad_bias = sum_g
         return grad_x, grad_w, None, None, grad_weight, grad_bias, None
@@ -378,7 +375,7 @@ def recording_hbn_statistics(model: nn.Module) -> Iterator[dict[str, _Accumulato
 
 
 def collect_hbn_statistics(
-    model: nn.Module, batches: Iterable[Any], *, train_mode: bool = True
+    model: nn.Module, batches: Iterable[Any], *, train_mode: bool = True, channels_last: bool = False
 ) -> dict[str, HBNStats]:
     """Client statistics pass: exact ``(count, mean, biased var)`` of each HBN layer's input.
 
@@ -398,6 +395,8 @@ def collect_hbn_statistics(
         model: a model containing HBN layers.
         batches: an iterable of input tensors, or of ``(input, target, ...)`` tuples/lists.
         train_mode: run the pass in training mode (default: True, as in the code).
+        channels_last: feed 4-d batches in channels-last memory format, as training does
+            (faster convolutions and pooling on CPU; the statistics are the same).
 
     Returns:
         ``{module_name: HBNStats(count, mean, var)}`` in float64; ``count`` is the number of
@@ -416,6 +415,8 @@ def collect_hbn_statistics(
             seen = 0
             for batch in batches:
                 x = batch[0] if isinstance(batch, (tuple, list)) else batch
+                if channels_last and x.dim() == 4:
+                    x = x.contiguous(memory_format=torch.channels_last)
                 model(x)
                 seen += 1
         if seen == 0:

@@ -110,13 +110,17 @@ def test_gradcheck_input_alpha_weight_bias() -> None:
     assert layer.running_mean.grad is None
 
 
-@pytest.mark.parametrize("shape", [(6, 3), (4, 3, 5), (3, 3, 4, 2)])
+@pytest.mark.parametrize("shape, channels_last", [((6, 3), False), ((4, 3, 5), False), ((3, 3, 4, 2), False), ((3, 3, 4, 2), True)])
 @pytest.mark.parametrize("affine", [True, False])
-def test_fused_gradients_equal_autograd_through_the_equations(shape: tuple[int, ...], affine: bool) -> None:
-    """The hand-written backward against autograd through Eqs. 1, 9, 10 written out op by op."""
+def test_fused_gradients_equal_autograd_through_the_equations(shape: tuple[int, ...], channels_last: bool, affine: bool) -> None:
+    """The hand-written backward (on BatchNorm's native kernels, in either memory format) against
+    autograd through Eqs. 1, 9, 10 written out op by op."""
     gen = torch.Generator().manual_seed(3)
     c = shape[1]
-    x = (torch.randn(shape, generator=gen, dtype=D) * 2 + 0.7).requires_grad_()
+    x = torch.randn(shape, generator=gen, dtype=D) * 2 + 0.7
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
     alpha = torch.randn(c, generator=gen, dtype=D).requires_grad_()
     weight = torch.randn(c, generator=gen, dtype=D).requires_grad_() if affine else None
     bias = torch.randn(c, generator=gen, dtype=D).requires_grad_() if affine else None
@@ -189,7 +193,9 @@ def _inputs(model: _TwoHBN, batches: list[torch.Tensor]) -> dict[str, torch.Tens
     return {"n1": torch.cat(a1), "n2": torch.cat(a2)}
 
 
-def test_statistics_pass_is_exact_and_pools_to_union_eq7_eq8() -> None:
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_statistics_pass_is_exact_and_pools_to_union_eq7_eq8(channels_last: bool) -> None:
+    """Exact per client and pooled to the union, in either memory format of the pass's batches."""
     torch.manual_seed(0)
     model = _TwoHBN().double()
     with torch.no_grad():
@@ -198,7 +204,7 @@ def test_statistics_pass_is_exact_and_pools_to_union_eq7_eq8() -> None:
     state = {k: v.clone() for k, v in model.state_dict().items()}
     model.eval()
     clients = [[_x(4, 2, 4, 4, seed=s) for s in (1, 2, 3)], [_x(3, 2, 4, 4, seed=s) * 3 for s in (4, 5)]]
-    stats = [collect_hbn_statistics(model, [(b, None) for b in batches]) for batches in clients]
+    stats = [collect_hbn_statistics(model, [(b, None) for b in batches], channels_last=channels_last) for batches in clients]
     assert not model.training and not model.n1.training  # flags restored
     for k, v in model.state_dict().items():
         assert torch.equal(v, state[k]), k

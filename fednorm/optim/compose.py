@@ -196,6 +196,14 @@ class OptimizedMethod(Method):
     def train_augmentation(self, value: int | None) -> None:
         self.inner.train_augmentation = value
 
+    @property
+    def channels_last(self) -> bool:  # type: ignore[override]
+        return self.inner.channels_last
+
+    @channels_last.setter
+    def channels_last(self, value: bool) -> None:
+        self.inner.channels_last = value
+
     # -- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
