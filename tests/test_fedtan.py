@@ -197,3 +197,36 @@ def test_fedtan_learns_on_label_skewed_clients():
     for _ in range(cfg.rounds):
         record = sim.step()
     assert record.metrics["test_accuracy"] > 0.8
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_steps_after_the_synchronised_one_may_run_client_by_client(momentum):
+    """FedTAN's steps 2..E in plain per-client models (``sequential_after_sync``, what ``auto``
+    picks where a CPU runs large steps faster one by one) equal the all-stacked round in
+    float64: unequal clients, a last partial batch, augmentation, clipping, momentum."""
+    kw = dict(dataset="digits", partition="dirichlet", alpha=0.5, num_clients=4, rounds=2, local_epochs=2,
+              batch_size=24, lr=0.05, momentum=momentum, weight_decay=1e-3, max_grad_norm=5.0, model="simple_cnn",
+              norm="bn", method="fedtan", augment=True, dtype="float64", eval_every=1, threads=1,
+              checkpoint_every=0, out=None, executor="vectorized")
+    stacked, split = Simulation(ExperimentConfig(**kw)), Simulation(ExperimentConfig(**kw))
+    split.executor.sequential_after_sync = True
+    for _ in range(2):
+        a, b = stacked.step(), split.step()
+        assert a.train_loss == pytest.approx(b.train_loss, rel=1e-10)
+        assert b.metrics["test_accuracy"] == pytest.approx(a.metrics["test_accuracy"], abs=1e-12)
+        assert b.metrics["uplink_bytes"] == a.metrics["uplink_bytes"]  # the same layer-wise exchanges
+    assert stacked.executor.last_samples_seen == split.executor.last_samples_seen
+    assert stacked.executor._plain is None and split.executor._plain is not None  # the split ran
+    for key, value in stacked.global_state.items():
+        torch.testing.assert_close(split.global_state[key], value, rtol=1e-10, atol=1e-12, msg=key)
+
+
+def test_auto_runs_fedtans_unsynchronised_steps_one_by_one_where_steps_are_large(monkeypatch):
+    import fednorm.engine.cost as cost
+
+    cfg = _digits_config(batch_size=32)
+    assert not Simulation(cfg).executor.sequential_after_sync  # small steps: all stacked
+    monkeypatch.setattr(cost, "SEQUENTIAL_MACS", 0)
+    sim = Simulation(cfg)
+    assert sim.executor.name == "vectorized" and sim.executor.sequential_after_sync
+    assert "client by client" in sim.summary()["executor_note"]

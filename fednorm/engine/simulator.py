@@ -231,11 +231,12 @@ class Simulation:
                 raise ConfigError(f"client_deadline needs executor 'sequential' or 'auto': {why}")
             self.executor_note = f"sequential because {why}"
             return SequentialExecutor(*args)
-        if cfg.executor == "auto" and not lockstep:
+        one_by_one = None  # why a CPU would rather run these clients one by one
+        if cfg.executor == "auto":
             example = self.data.train_x[:1].to(device=self.device, dtype=self.dtype)
-            why = prefers_sequential(self.model, example, cfg.batch_size, self.device)
-            if why is not None:
-                self.executor_note = f"sequential because {why}"
+            one_by_one = prefers_sequential(self.model, example, cfg.batch_size, self.device)
+            if one_by_one is not None and not lockstep:
+                self.executor_note = f"sequential because {one_by_one}"
                 return SequentialExecutor(*args)
         if cfg.executor == "sequential":
             if lockstep:
@@ -245,7 +246,12 @@ class Simulation:
                 )
             return SequentialExecutor(*args)
         try:
-            return VectorizedExecutor(*args, max_clients=cfg.max_parallel_clients)
+            executor = VectorizedExecutor(*args, max_clients=cfg.max_parallel_clients)
+            if lockstep and one_by_one is not None:
+                # The synchronised steps need the stacked model; the rest need not.
+                executor.sequential_after_sync = True
+                self.executor_note = f"synchronised steps stacked, the other local steps client by client because {one_by_one}"
+            return executor
         except NotStackableError as exc:
             if lockstep:
                 raise ConfigError(

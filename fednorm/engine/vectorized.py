@@ -20,6 +20,7 @@ per client), so models with dropout agree in distribution, not bit for bit.
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from typing import Callable
 
@@ -44,7 +45,7 @@ from ..nn.stacked import (
 )
 from .bank import ClientStateBank
 from .executor import MOMENTUM_PREFIX, Executor, stack_uploads
-from .local import LocalSpec, batch_plan
+from .local import LocalSpec, batch_plan, train_local
 from .lockstep import scale_client_grads, synced_loss
 from .rng import derive_seed, torch_generator
 
@@ -129,6 +130,11 @@ class VectorizedExecutor(Executor):
         self.round_clients: list[int] | None = None
         # What the last round's synchronised steps exchanged, counted by its ClientComm.
         self.last_traffic = CommTraffic()
+        # Run a lockstep method's unsynchronised steps (FedTAN's steps 2..E) client by client in
+        # a plain model instead of stacked: the simulator sets it where one client's step is
+        # large enough that a CPU runs it faster one by one (fednorm/engine/cost.py).
+        self.sequential_after_sync = False
+        self._plain: nn.Module | None = None
         # Verify once with two clients: the check does not depend on K.
         example = data.train_x[: min(4, len(data.train_x))]
         if len(example) < 2:
@@ -299,6 +305,13 @@ class VectorizedExecutor(Executor):
                 if t == synced - 1 and method.reset_momentum_after_sync():
                     momentum = {n: None for n in momentum}
                     started[:] = False
+                if t == synced - 1 and self._split_after_sync(server_round, synced, has_loss_term or has_gradient_hook):
+                    set_client_comm(net, None)
+                    write_back()
+                    self._train_rest_one_by_one(net, ctx, plans, gens, synced, lr, loss_sum, seen, steps)
+                    on_net = True  # the stacked model now holds every client's result: nothing to write back
+                    momentum = {n: None for n in momentum}
+                    break
                 continue
             # The step's batches are drawn once: a method's gradient hook (FedSAM) recomputes
             # the loss on the same (augmented) samples.
@@ -382,6 +395,38 @@ class VectorizedExecutor(Executor):
             num_steps=torch.tensor(steps, dtype=torch.int64),
             extras=stack_uploads(ctx.uploads, list(client_ids)),
         )
+
+    def _split_after_sync(self, server_round: int, synced: int, client_hooks: bool) -> bool:
+        """Whether this round's steps after the synchronised ones run client by client: only
+        when they are plain local SGD that a fresh optimiser starts (FedTAN's reset after its
+        synchronised step), so that nothing stacked has to carry over."""
+        return (self.sequential_after_sync and synced > 0 and not client_hooks and not self.spec.dsgd
+                and self.method.reset_momentum_after_sync() and not self.method.frozen_statistics(server_round))
+
+    def _train_rest_one_by_one(self, net: nn.Module, ctx: StackedClientContext, plans, gens, start: int, lr: float,
+                               loss_sum: torch.Tensor, seen: list[int], steps: list[int]) -> None:
+        """Steps ``start..`` of every client of the chunk, one client at a time in a plain model
+        (:func:`~fednorm.engine.local.train_local`, a fresh optimiser), continuing each client's
+        batch plan and augmentation stream where the stacked steps left them; the results go
+        back into the client's rows of the stacked model."""
+        if self._plain is None:
+            self._plain = copy.deepcopy(self.model)
+        plain = self._plain
+        stacked = net.state_dict(keep_vars=True)
+        for i, cid in enumerate(ctx.client_ids):
+            rest = plans[i][start:]
+            if not rest:
+                continue
+            with torch.no_grad():
+                plain.load_state_dict({key: t[i] for key, t in stacked.items()})
+            result = train_local(plain, ctx.x[i], ctx.y[i], rest, lr=lr, spec=self.spec, generator=gens[i],
+                                 where=f"round {ctx.server_round}, client {cid}, method {self.method.name}")
+            with torch.no_grad():
+                for key, value in plain.state_dict().items():
+                    stacked[key][i].copy_(value)
+            loss_sum[i] += result.loss_sum
+            seen[i] += result.num_seen
+            steps[i] += result.steps
 
     def _synced_step(self, net, params, buffers, frozen_now, rows, on_net, plans, indices, gens, t,
                      loss_sum, seen, steps, server_round, client_ids, lr, momentum, started) -> None:
