@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import textwrap
 from pathlib import Path
@@ -397,3 +398,47 @@ def test_shipped_table_reduced_end_to_end(shared_data: Path, tmp_path: Path, cap
     text = (out / "report.md").read_text()
     assert "HBN Table 1" in text and "75.82" in text and "3 of 500" in text
     assert (out / "plots" / "table1_curves.png").is_file()
+
+
+def test_export_keeps_results_and_lets_an_unfinished_run_resume_from_a_copy(tiny_configs: Path, tmp_path: Path) -> None:
+    """A session ends mid-run: --export --export-checkpoints writes the records and the checkpoint
+    to a folder to commit; the next session resumes from a copy of it and ends with the numbers
+    of an uninterrupted run; exporting again drops the finished run's checkpoint, and an older
+    working copy never overwrites a result that is further along."""
+    (table,) = _tiny(tiny_configs)
+    work, dest = tmp_path / "work", tmp_path / "committed"
+    (spec,) = plan([table], scale="reduced", out=work, rows=["a"], columns=["x"])
+    reference = fednorm.api.run({**spec.config, "out": str(tmp_path / "reference")}, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        fednorm.api.run(spec.config, progress=False, simulation=_Interrupting)
+    common = ["reproduce", "hbn", "--configs", str(tiny_configs), "--table", "tiny", "--scale", "reduced",
+              "--rows", "a", "--columns", "x", "--no-plots", "--quiet"]
+    assert main(common + ["--out", str(work), "--report-only", "--export", str(dest), "--export-checkpoints"]) == 0
+    exported = dest / spec.dir.relative_to(work)
+    assert (exported / "checkpoint.pt").is_file() and (exported / "metrics.jsonl").is_file()
+    assert json.loads((exported / "summary.json").read_text())["status"] == "interrupted"
+    assert (dest / "report.md").is_file() and (dest / "results.json").is_file()
+
+    session2 = tmp_path / "session2"
+    shutil.copytree(dest, session2)
+    assert main(common + ["--out", str(session2), "--export", str(dest)]) == 0
+    resumed = session2 / spec.dir.relative_to(work)
+    record = json.loads((resumed / runner.RECORD_NAME).read_text())
+    assert [i["action"] for i in record["invocations"]] == ["resume"]
+    history = [json.loads(line) for line in (exported / "metrics.jsonl").read_text().splitlines()]
+    assert [h["round"] for h in history] == [1, 2, 3, 4]
+    np.testing.assert_allclose([h["test_accuracy"] for h in history], [h["test_accuracy"] for h in reference.history])
+    assert json.loads((exported / "summary.json").read_text())["status"] == "completed"
+    assert not (exported / "checkpoint.pt").exists()  # finished: the records are the result
+    cells = {(c["row"], c["column"]): c for c in json.loads((dest / "results.json").read_text())["tables"][0]["cells"]}
+    assert cells[("a", "x")]["status"] == "ok"
+
+    # exporting the stale first working copy leaves the finished result alone
+    assert main(common + ["--out", str(work), "--report-only", "--export", str(dest)]) == 0
+    assert json.loads((exported / "summary.json").read_text())["status"] == "completed"
+    assert len((exported / "metrics.jsonl").read_text().splitlines()) == 4
+
+
+def test_export_checkpoints_needs_export(capsys) -> None:
+    assert main(["reproduce", "hbn", "--export-checkpoints"]) == 2
+    assert "--export DIR" in capsys.readouterr().err

@@ -54,6 +54,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     what.add_argument("--list", action="store_true", help="list the papers, their tables, rows and columns, and exit")
     what.add_argument("--dry-run", action="store_true", help="show every planned run and whether it is done, resumable or new; run nothing")
     what.add_argument("--report-only", action="store_true", help="only rebuild report.md, results.json and the plots from the run directories")
+    p.add_argument("--export", type=Path, metavar="DIR",
+                   help="then copy every run's records (config, evaluations, summary, invocations, curve) into DIR and "
+                   "write the report there too: a folder to commit, e.g. reproduction/<paper>; a run further along in DIR "
+                   "is left alone")
+    p.add_argument("--export-checkpoints", action="store_true",
+                   help="with --export: unfinished runs take their checkpoint along, so a later session resumes them "
+                   "from a copy of DIR (--out COPY)")
     p.add_argument("--no-plots", action="store_true", help="write report.md and results.json without plots")
     p.add_argument("--quiet", action="store_true", help="no per-round progress bar (the per-run lines stay)")
     return p
@@ -101,6 +108,8 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         return _list(args, root)
     if not args.paper:
         raise ConfigError(f"name a paper: one of {', '.join(PAPERS)} (or --list)")
+    if args.export_checkpoints and not args.export:
+        raise ConfigError("--export-checkpoints needs --export DIR")
     for name in ("jobs", "seeds", "rounds", "threads"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -115,10 +124,18 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     report_overrides = {"rounds": args.rounds}
 
     def write_report() -> None:
-        results = report_mod.collect(load_paper(args.paper, None, root), scale=args.scale, out=out, data_dir=data_dir,
-                                     overrides=report_overrides)
-        paths = report_mod.write_report(results, plots=not args.no_plots)
-        print(f"report: {paths['report']}  results: {paths['results']}" + ("" if args.no_plots else f"  plots: {out / 'plots'}"))
+        for folder in [out] + ([args.export.resolve()] if args.export else []):
+            if folder != out:
+                from ..reproduce.export import export_runs
+
+                done = export_runs(out, folder, checkpoints=args.export_checkpoints)
+                print(f"exported {len(done.copied)} run(s) to {folder}"
+                      + (f", {len(done.checkpoints)} with their checkpoint" if done.checkpoints else "")
+                      + (f"; left alone {len(done.kept)} further along there" if done.kept else ""))
+            results = report_mod.collect(load_paper(args.paper, None, root), scale=args.scale, out=folder, data_dir=data_dir,
+                                         overrides=report_overrides)
+            paths = report_mod.write_report(results, plots=not args.no_plots)
+            print(f"report: {paths['report']}  results: {paths['results']}" + ("" if args.no_plots else f"  plots: {folder / 'plots'}"))
 
     if args.report_only:
         write_report()

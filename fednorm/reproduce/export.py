@@ -1,0 +1,91 @@
+"""Copy a suite's run records into a folder meant to be committed, so results outlive the machine.
+
+A full-scale suite runs for days in short sessions on machines that do not keep their disks. What
+must survive is what the report reads (each run's config, every evaluation, the summary and the
+invocation record, the curve) and, for a run that has not finished, its checkpoint, so that the
+next session resumes it from a copy of the exported folder instead of starting again. Checkpoints
+of finished runs are not exported (the records are the result) and are removed from the
+destination once their run finishes there.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .runner import RECORD_NAME
+
+__all__ = ["RECORD_FILES", "CHECKPOINT", "ExportResult", "export_runs"]
+
+#: The files of a run directory that make its result (what the report and a reader need).
+RECORD_FILES = ("config.yaml", "metrics.jsonl", "summary.json", RECORD_NAME, "partition.json", "accuracy.png")
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass
+class ExportResult:
+    copied: list[Path] = field(default_factory=list)  # run directories written in the destination
+    kept: list[Path] = field(default_factory=list)  # destination runs further along than the source: left alone
+    checkpoints: list[Path] = field(default_factory=list)  # checkpoints of unfinished runs now in the destination
+
+
+def _progress(run_dir: Path) -> tuple[bool, int]:
+    """(finished, rounds recorded) of a run directory, from its summary and its last evaluation."""
+    finished = False
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        try:
+            finished = json.loads(summary.read_text()).get("status") == "completed"
+        except (OSError, ValueError):
+            finished = False
+    rounds = 0
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            try:
+                rounds = max(rounds, int(json.loads(line).get("round", 0)))
+            except (ValueError, TypeError, AttributeError):
+                continue
+    return finished, rounds
+
+
+def _run_dirs(root: Path) -> list[Path]:
+    """Every run directory under ``root`` (``<table>/<run>/seed<k>/`` holding a config); the
+    reduced scale's data subsets (``_data/``) are not runs."""
+    return sorted(p.parent for p in root.glob("*/*/seed*/config.yaml") if not p.parts[len(root.parts)].startswith("_"))
+
+
+def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = False) -> ExportResult:
+    """Copy every run's records from the suite folder ``source`` into ``dest`` (same layout).
+
+    A run already in ``dest`` that is further along (finished there, or more rounds recorded)
+    is left alone, so exporting an older working copy never loses a result. With
+    ``checkpoints``, an unfinished run's ``checkpoint.pt`` goes along (resume by running the
+    same ``fednorm reproduce`` command with ``--out`` on a copy of ``dest``).
+    """
+    source, dest = Path(source).resolve(), Path(dest).resolve()
+    result = ExportResult()
+    for run in _run_dirs(source):
+        target = dest / run.relative_to(source)
+        finished, rounds = _progress(run)
+        if target.is_dir():
+            was_finished, was_rounds = _progress(target)
+            if (was_finished and not finished) or was_rounds > rounds:
+                result.kept.append(target)
+                continue
+        target.mkdir(parents=True, exist_ok=True)
+        for name in RECORD_FILES:
+            if (run / name).is_file():
+                shutil.copy2(run / name, target / name)
+            elif name != RECORD_NAME and (target / name).is_file():
+                (target / name).unlink()  # a stale file of an earlier export (e.g. a summary the run no longer has)
+        stale = target / CHECKPOINT
+        if checkpoints and not finished and (run / CHECKPOINT).is_file():
+            shutil.copy2(run / CHECKPOINT, stale)
+            result.checkpoints.append(stale)
+        elif stale.is_file():
+            stale.unlink()
+        result.copied.append(target)
+    return result
