@@ -55,14 +55,15 @@ def _rel(a, b):
 MODELS = [("simple_cnn", {}), ("resnet20", {}), ("mlp", {"hidden": 16})]
 
 
+@pytest.mark.parametrize("sizes", [[5, 3, 8], [6, 6, 6]], ids=["unequal", "equal"])
 @pytest.mark.parametrize("name,kw", MODELS)
-def test_synchronised_step_gradient_equals_centralized_bn_on_the_union_batch(name, kw):
-    """T2: Σ_i p_i ∇F_i = ∇F_central for every parameter, with unequal batch sizes (p_i = B_i/ΣB);
-    each client's forward equals the centralized forward on its rows; running statistics follow
-    the union's statistics."""
+def test_synchronised_step_gradient_equals_centralized_bn_on_the_union_batch(name, kw, sizes):
+    """T2: Σ_i p_i ∇F_i = ∇F_central for every parameter, with unequal batch sizes (p_i = B_i/ΣB,
+    the padded tensor-op form) and equal ones (the native-kernel form); each client's forward
+    equals the centralized forward on its rows; running statistics follow the union's statistics."""
     torch.manual_seed(0)
     model = get_model(name, num_classes=4, in_channels=3, input_size=8, norm="bn", **kw).double()
-    xs, ys = _skewed_batches([5, 3, 8])
+    xs, ys = _skewed_batches(sizes)
     grads, losses, p, stacked = _client_gradients(model, xs, ys)
     central_grads, central_losses, central = _central(model, xs, ys)
     torch.testing.assert_close(losses, central_losses, rtol=1e-12, atol=1e-13)

@@ -273,6 +273,8 @@ class StackedBatchNorm(nn.Module):
 
     def _synced(self, x: torch.Tensor) -> torch.Tensor:
         assert self.comm is not None
+        if self.row_mask is None and self.sync_backward:
+            return self._synced_fused(x)
         b, kc = x.shape[:2]
         c = self.num_features
         k = kc // c
@@ -325,6 +327,40 @@ class StackedBatchNorm(nn.Module):
                 self.running_var.mul_(1 - self.momentum).add_(self.momentum * unbiased)
         return y.reshape(x.shape)
 
+    def _synced_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`_synced` (equal batches, gradients synchronised) on BatchNorm's native kernels,
+        in x's own memory format: the clients' moments from the statistics kernel, the
+        normalisation with the union statistics from the inference kernel, and their backward
+        passes written out (:class:`_ClientMoments`, :class:`_NormalizeWith`). The same
+        exchanges, in the same order, as the tensor-op form, which stays for padded batches."""
+        assert self.comm is not None
+        b, kc = x.shape[:2]
+        c = self.num_features
+        k = kc // c
+        spatial = float(x[0, 0].numel())
+        if self.total_rows is None and not isinstance(self.comm, LocalClientComm):
+            raise ValueError("synchronised BatchNorm with clients elsewhere needs the step's total batch size "
+                             "(set_row_mask(..., total_rows=...); synced_loss(..., total_batch=...))")
+        total = float(b * k if self.total_rows is None else self.total_rows) * spatial
+        p = torch.full((k, 1), b * spatial / total, dtype=x.dtype, device=x.device)  # count weights
+        with torch.no_grad():  # their gradient is _ClientMoments's backward
+            own_mean, own_var = torch.batch_norm_update_stats(x, None, None, 1.0)  # each client's, [K·C], biased
+        own_mean, own_var = own_mean.view(k, c), own_var.view(k, c)
+        mean = self.comm.reduce(p * own_mean)  # exchange 1: [C], the union mean
+        local_mean, local_var = _ClientMoments.apply(x, own_mean, own_var, mean, k)  # var around the union mean
+        var = self.comm.reduce(p * local_var.detach())  # exchange 2: the biased union variance
+        stats = self.comm.shared(torch.cat([p * local_mean, p * local_var], dim=-1), torch.cat([mean, var]))
+        mean_k, var_k = stats[:, :c], stats[:, c:]
+        y = _NormalizeWith.apply(x, mean_k.reshape(-1), var_k.reshape(-1),
+                                 None if self.weight is None else self.weight.reshape(-1),
+                                 None if self.bias is None else self.bias.reshape(-1), self.eps)
+        if self.running_mean is not None:
+            with torch.no_grad():
+                unbiased = var * (total / max(total - 1.0, 1.0))
+                self.running_mean.mul_(1 - self.momentum).add_(self.momentum * mean)
+                self.running_var.mul_(1 - self.momentum).add_(self.momentum * unbiased)
+        return y
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and self.frozen and self.running_mean is not None:
             return F.batch_norm(
@@ -356,6 +392,61 @@ class StackedBatchNorm(nn.Module):
     def extra_repr(self) -> str:
         k = (self.weight if self.weight is not None else self.running_mean).shape[0]
         return f"clients={k}, num_features={self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+
+class _ClientMoments(torch.autograd.Function):
+    """Each client's mean and its variance around the union mean ``μ̄`` (a constant), ``[K, C]``,
+    from the clients' own moments: ``E[(x − μ̄)²] = σ_k² + (μ_k − μ̄)²``. Backward: one pass,
+    ``∂/∂x = g_mean/n + g_var·2(x − μ̄)/n`` per client and channel (``n`` values each)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, own_mean: torch.Tensor, own_var: torch.Tensor, union_mean: torch.Tensor,
+                k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.save_for_backward(x, union_mean)
+        ctx.k = k
+        return own_mean.clone(), own_var + (own_mean - union_mean).square()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, g_mean: torch.Tensor | None, g_var: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        x, union_mean = ctx.saved_tensors
+        n = x.numel() // x.shape[1]
+        g_mean = torch.zeros_like(g_var) if g_mean is None else g_mean
+        g_var = torch.zeros_like(g_mean) if g_var is None else g_var
+        a = (2.0 / n) * g_var  # [K, C]
+        c = g_mean / n - a * union_mean
+        view = [1, -1] + [1] * (x.dim() - 2)
+        grad = torch.empty_like(x)
+        torch.addcmul(c.reshape(view), x, a.reshape(view), out=grad)
+        return grad, None, None, None, None
+
+
+class _NormalizeWith(torch.autograd.Function):
+    """``(x − μ)·rsqrt(σ² + ε)·γ + β`` per channel, with ``μ, σ²`` inputs that carry gradients
+    (the synchronised statistics): BatchNorm's inference kernel forward, its inference backward
+    for ``g·γ·rstd``, ``Σg·(x − μ)·rstd`` and ``Σg``, from which ``∂/∂μ`` and ``∂/∂σ²`` follow."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, weight: torch.Tensor | None,
+                bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+        ctx.save_for_backward(x, mean, var, weight)
+        ctx.eps = eps
+        return torch.batch_norm(x, weight, bias, mean, var, False, 0.0, eps, False)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, mean, var, weight = ctx.saved_tensors
+        rstd = (var + ctx.eps).rsqrt_()
+        gamma = torch.ones_like(rstd) if weight is None else weight
+        grad_x, grad_gamma, sum_g = torch.ops.aten.native_batch_norm_backward(
+            g, x, gamma, mean, var, None, None, False, ctx.eps, [bool(ctx.needs_input_grad[0]), True, True]
+        )
+        scale = rstd * gamma
+        grad_mean = (scale * sum_g).neg_()                   # −γ·rstd·Σg
+        grad_var = (scale * rstd * grad_gamma).mul_(-0.5)    # −½γ·rstd³·Σg(x − μ)
+        return (grad_x, grad_mean, grad_var, grad_gamma if weight is not None else None,
+                sum_g if ctx.needs_input_grad[4] else None, None)
 
 
 class StackedFederatedBatchNorm(StackedBatchNorm):
