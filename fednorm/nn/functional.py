@@ -13,7 +13,7 @@ import torch
 
 from .comm import ClientComm, LocalClientComm
 
-__all__ = ["channel_stats", "pooled_stats", "cross_client_batch_norm"]
+__all__ = ["channel_stats", "pooled_stats", "cross_client_batch_norm", "batch_norm_with_stats_backward"]
 
 
 def _reduce_dims(x: torch.Tensor) -> list[int]:
@@ -93,3 +93,27 @@ def cross_client_batch_norm(
             y = y + bias.view(shape)
         outs.append(y)
     return outs
+
+
+def batch_norm_with_stats_backward(
+    g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, weight: torch.Tensor | None, eps: float,
+    *, input_grad: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward of ``y = (x − μ)·rsqrt(σ² + ε)·γ + β`` per channel where ``μ, σ²`` are inputs in
+    their own right (HBN's mixed statistics, FedTAN's synchronised ones), on BatchNorm's native
+    inference backward: one fused pass gives ``g·γ·rstd`` (the direct part of ``∂L/∂x``),
+    ``Σg·(x − μ)·rstd`` (``∂L/∂γ``) and ``Σg`` (``∂L/∂β``); the statistics' gradients follow
+    per channel. Memory-format aware, so channels-last activations stay fast.
+
+    Returns:
+        ``(grad_x_direct or None, ∂L/∂μ, ∂L/∂σ², ∂L/∂γ, ∂L/∂β)``, the last four ``[C]``.
+    """
+    rstd = (var + eps).rsqrt_()
+    gamma = torch.ones_like(rstd) if weight is None else weight
+    grad_x, grad_gamma, sum_g = torch.ops.aten.native_batch_norm_backward(
+        g, x, gamma, mean, var, None, None, False, eps, [input_grad, True, True]
+    )
+    scale = rstd * gamma
+    grad_mean = (scale * sum_g).neg_()                 # −γ·rstd·Σg
+    grad_var = (scale * rstd * grad_gamma).mul_(-0.5)  # −½γ·rstd³·Σg(x − μ)
+    return grad_x, grad_mean, grad_var, grad_gamma, sum_g

@@ -1,8 +1,9 @@
+import pytest
 import torch
 import torch.nn.functional as F
 
 from fednorm.nn.comm import LocalClientComm
-from fednorm.nn.functional import channel_stats, cross_client_batch_norm, pooled_stats
+from fednorm.nn.functional import batch_norm_with_stats_backward, channel_stats, cross_client_batch_norm, pooled_stats
 
 
 def _clients(sizes, c=3, spatial=(4, 5), seed=0):
@@ -65,3 +66,32 @@ def test_cross_client_bn_differs_from_local_bn_under_shift():
     ys = cross_client_batch_norm(xs)
     local = F.batch_norm(xs[0], None, None, training=True)
     assert not torch.allclose(ys[0], local)
+
+
+@pytest.mark.parametrize("shape, channels_last", [((5, 3), False), ((4, 3, 5, 2), False), ((4, 3, 5, 2), True)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_with_stats_backward_equals_autograd(shape, channels_last, affine):
+    """The native-kernel backward of normalising with statistics that are inputs (HBN's mixed,
+    FedTAN's synchronised ones) against autograd through the formula, in float64."""
+    gen = torch.Generator().manual_seed(5)
+    c = shape[1]
+    x = torch.randn(shape, generator=gen, dtype=torch.float64) * 1.5 + 0.3
+    g = torch.randn(shape, generator=gen, dtype=torch.float64)
+    if channels_last:
+        x, g = x.contiguous(memory_format=torch.channels_last), g.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
+    mean = torch.randn(c, generator=gen, dtype=torch.float64, requires_grad=True)
+    var = (torch.rand(c, generator=gen, dtype=torch.float64) + 0.5).requires_grad_()
+    weight = torch.randn(c, generator=gen, dtype=torch.float64, requires_grad=True) if affine else None
+    view = [1, -1] + [1] * (len(shape) - 2)
+    y = (x - mean.view(view)) / torch.sqrt(var.view(view) + 1e-5)
+    if affine:
+        y = y * weight.view(view)
+    leaves = [x, mean, var] + ([weight] if affine else [])
+    want = torch.autograd.grad(y, leaves, g)
+    gx, gm, gv, gw, gb = batch_norm_with_stats_backward(g, x.detach(), mean.detach(), var.detach(),
+                                                        None if weight is None else weight.detach(), 1e-5)
+    got = [gx, gm, gv] + ([gw] if affine else [])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
+    torch.testing.assert_close(gb, g.sum(dim=[0] + list(range(2, len(shape)))), rtol=0, atol=1e-11)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from .functional import batch_norm_with_stats_backward
 from .norms import register_norm
 
 __all__ = [
@@ -115,15 +116,8 @@ class _HybridNorm(torch.autograd.Function):
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, w, batch_mean, batch_var, mean, var, global_mean, global_var, weight = ctx.saved_tensors
         n, d = ctx.count, x.dim()
-        rstd = (var + ctx.eps).rsqrt_()
-        gamma = torch.ones_like(rstd) if weight is None else weight
-        # Inference-mode BN backward at (μ̂, σ̂²) gives g·γ·rstd, Σ g·(x − μ̂)·rstd and Σ g.
-        grad_x, grad_gamma, sum_g = torch.ops.aten.native_batch_norm_backward(
-            g, x, gamma, mean, var, None, None, False, ctx.eps, [bool(ctx.needs_input_grad[0]), True, True]
-        )
-        scale = rstd * gamma
-        d_mean = (scale * sum_g).neg_()                      # ∂L/∂μ̂ = −γ·rstd·Σg
-        d_var = (scale * rstd * grad_gamma).mul_(-0.5)       # ∂L/∂σ̂² = −½γ·rstd³·Σg(x − μ̂)
+        grad_x, d_mean, d_var, grad_gamma, sum_g = batch_norm_with_stats_backward(
+            g, x, mean, var, weight, ctx.eps, input_grad=bool(ctx.needs_input_grad[0]))  # ∂L/∂μ̂, ∂L/∂σ̂²
         grad_w = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             # ∂μ_b/∂x = 1/n, ∂σ_b²/∂x = 2(x − μ_b)/n: grad_x = g·γ·rstd + x·b + c per channel.

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .comm import ClientComm, LocalClientComm
+from .functional import batch_norm_with_stats_backward
 from .hbn import batch_moments, hybrid_batch_norm
 
 __all__ = [
@@ -437,14 +438,8 @@ class _NormalizeWith(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, mean, var, weight = ctx.saved_tensors
-        rstd = (var + ctx.eps).rsqrt_()
-        gamma = torch.ones_like(rstd) if weight is None else weight
-        grad_x, grad_gamma, sum_g = torch.ops.aten.native_batch_norm_backward(
-            g, x, gamma, mean, var, None, None, False, ctx.eps, [bool(ctx.needs_input_grad[0]), True, True]
-        )
-        scale = rstd * gamma
-        grad_mean = (scale * sum_g).neg_()                   # −γ·rstd·Σg
-        grad_var = (scale * rstd * grad_gamma).mul_(-0.5)    # −½γ·rstd³·Σg(x − μ)
+        grad_x, grad_mean, grad_var, grad_gamma, sum_g = batch_norm_with_stats_backward(
+            g, x, mean, var, weight, ctx.eps, input_grad=bool(ctx.needs_input_grad[0]))
         return (grad_x, grad_mean, grad_var, grad_gamma if weight is not None else None,
                 sum_g if ctx.needs_input_grad[4] else None, None)
 
