@@ -348,7 +348,7 @@ class StackedBatchNorm(nn.Module):
             own_mean, own_var = torch.batch_norm_update_stats(x, None, None, 1.0)  # each client's, [K·C], biased
         own_mean, own_var = own_mean.view(k, c), own_var.view(k, c)
         mean = self.comm.reduce(p * own_mean)  # exchange 1: [C], the union mean
-        local_mean, local_var = _ClientMoments.apply(x, own_mean, own_var, mean, k)  # var around the union mean
+        local_mean, local_var = _ClientMoments.apply(x, own_mean, own_var, mean)  # var around the union mean
         var = self.comm.reduce(p * local_var.detach())  # exchange 2: the biased union variance
         stats = self.comm.shared(torch.cat([p * local_mean, p * local_var], dim=-1), torch.cat([mean, var]))
         mean_k, var_k = stats[:, :c], stats[:, c:]
@@ -401,10 +401,9 @@ class _ClientMoments(torch.autograd.Function):
     ``∂/∂x = g_mean/n + g_var·2(x − μ̄)/n`` per client and channel (``n`` values each)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, own_mean: torch.Tensor, own_var: torch.Tensor, union_mean: torch.Tensor,
-                k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(ctx: Any, x: torch.Tensor, own_mean: torch.Tensor, own_var: torch.Tensor,
+                union_mean: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.save_for_backward(x, union_mean)
-        ctx.k = k
         return own_mean.clone(), own_var + (own_mean - union_mean).square()
 
     @staticmethod
@@ -419,7 +418,7 @@ class _ClientMoments(torch.autograd.Function):
         view = [1, -1] + [1] * (x.dim() - 2)
         grad = torch.empty_like(x)
         torch.addcmul(c.reshape(view), x, a.reshape(view), out=grad)
-        return grad, None, None, None, None
+        return grad, None, None, None
 
 
 class _NormalizeWith(torch.autograd.Function):
