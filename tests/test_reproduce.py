@@ -442,3 +442,21 @@ def test_export_keeps_results_and_lets_an_unfinished_run_resume_from_a_copy(tiny
 def test_export_checkpoints_needs_export(capsys) -> None:
     assert main(["reproduce", "hbn", "--export-checkpoints"]) == 2
     assert "--export DIR" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("paper_rounds, kept", [(10, True), (3, False)])
+def test_export_keeps_the_checkpoint_of_a_stated_fraction(tmp_path: Path, paper_rounds: int, kept: bool) -> None:
+    """A full-scale run finished at --rounds 3 of the paper's 10 will be extended: its checkpoint
+    is exported; at the paper's rounds the records are the result and it is not."""
+    from fednorm.reproduce.export import export_runs
+
+    run = tmp_path / "work" / "t" / "row__col" / "seed0"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("rounds: 3\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"round": r}) + "\n" for r in (1, 2, 3)))
+    (run / "summary.json").write_text(json.dumps({"status": "completed", "rounds": 3}))
+    (run / runner.RECORD_NAME).write_text(json.dumps({"scale": "full", "paper_rounds": paper_rounds}))
+    (run / "checkpoint.pt").write_bytes(b"state")
+    done = export_runs(tmp_path / "work", tmp_path / "dest", checkpoints=True)
+    assert len(done.copied) == 1
+    assert (tmp_path / "dest" / "t" / "row__col" / "seed0" / "checkpoint.pt").is_file() == kept

@@ -31,15 +31,16 @@ class ExportResult:
     checkpoints: list[Path] = field(default_factory=list)  # checkpoints of unfinished runs now in the destination
 
 
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def _progress(run_dir: Path) -> tuple[bool, int]:
     """(finished, rounds recorded) of a run directory, from its summary and its last evaluation."""
-    finished = False
-    summary = run_dir / "summary.json"
-    if summary.is_file():
-        try:
-            finished = json.loads(summary.read_text()).get("status") == "completed"
-        except (OSError, ValueError):
-            finished = False
+    finished = _read(run_dir / "summary.json").get("status") == "completed"
     rounds = 0
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
@@ -62,8 +63,9 @@ def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = Fal
 
     A run already in ``dest`` that is further along (finished there, or more rounds recorded)
     is left alone, so exporting an older working copy never loses a result. With
-    ``checkpoints``, an unfinished run's ``checkpoint.pt`` goes along (resume by running the
-    same ``fednorm reproduce`` command with ``--out`` on a copy of ``dest``).
+    ``checkpoints``, the ``checkpoint.pt`` of an unfinished run, or of a full-scale run that has
+    stopped short of the paper's rounds (a stated fraction, to be extended), goes along (resume
+    by running the same ``fednorm reproduce`` command with ``--out`` on a copy of ``dest``).
     """
     source, dest = Path(source).resolve(), Path(dest).resolve()
     result = ExportResult()
@@ -82,7 +84,11 @@ def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = Fal
             elif name != RECORD_NAME and (target / name).is_file():
                 (target / name).unlink()  # a stale file of an earlier export (e.g. a summary the run no longer has)
         stale = target / CHECKPOINT
-        if checkpoints and not finished and (run / CHECKPOINT).is_file():
+        record = _read(run / RECORD_NAME)
+        # A full-scale run stopped at a stated fraction (--rounds) is finished for now but will be
+        # extended: it keeps its checkpoint until it has the paper's rounds.
+        partial = record.get("scale") == "full" and rounds < int(record.get("paper_rounds") or 0)
+        if checkpoints and (not finished or partial) and (run / CHECKPOINT).is_file():
             shutil.copy2(run / CHECKPOINT, stale)
             result.checkpoints.append(stale)
         elif stale.is_file():
