@@ -309,8 +309,7 @@ class VectorizedExecutor(Executor):
                     set_client_comm(net, None)
                     write_back()
                     self._train_rest_one_by_one(net, ctx, plans, gens, synced, lr, loss_sum, seen, steps)
-                    on_net = True  # the stacked model now holds every client's result: nothing to write back
-                    momentum = {n: None for n in momentum}
+                    on_net = True  # the stacked model now holds every client's result (momentum was reset above)
                     break
                 continue
             # The step's batches are drawn once: a method's gradient hook (FedSAM) recomputes

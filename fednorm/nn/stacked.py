@@ -274,6 +274,9 @@ class StackedBatchNorm(nn.Module):
 
     def _synced(self, x: torch.Tensor) -> torch.Tensor:
         assert self.comm is not None
+        if self.total_rows is None and not isinstance(self.comm, LocalClientComm):
+            raise ValueError("synchronised BatchNorm with clients elsewhere needs the step's total batch size "
+                             "(set_row_mask(..., total_rows=...); synced_loss(..., total_batch=...))")
         if self.row_mask is None and self.sync_backward:
             return self._synced_fused(x)
         b, kc = x.shape[:2]
@@ -296,9 +299,6 @@ class StackedBatchNorm(nn.Module):
             s = t.sum(dim=dims) if m is None else (t * m).sum(dim=dims)
             return s / counts.unsqueeze(-1)
 
-        if self.total_rows is None and not isinstance(self.comm, LocalClientComm):
-            raise ValueError("synchronised BatchNorm with clients elsewhere needs the step's total batch size "
-                             "(set_row_mask(..., total_rows=...); synced_loss(..., total_batch=...))")
         total = (float(rows.sum()) if self.total_rows is None else float(self.total_rows)) * spatial
         p = (counts / total).unsqueeze(-1)  # [K, 1]: count weights make the pooled statistics exact
         shape = [1, 1, c] + [1] * (xv.dim() - 3)
@@ -339,9 +339,6 @@ class StackedBatchNorm(nn.Module):
         c = self.num_features
         k = kc // c
         spatial = float(x[0, 0].numel())
-        if self.total_rows is None and not isinstance(self.comm, LocalClientComm):
-            raise ValueError("synchronised BatchNorm with clients elsewhere needs the step's total batch size "
-                             "(set_row_mask(..., total_rows=...); synced_loss(..., total_batch=...))")
         total = float(b * k if self.total_rows is None else self.total_rows) * spatial
         p = torch.full((k, 1), b * spatial / total, dtype=x.dtype, device=x.device)  # count weights
         with torch.no_grad():  # their gradient is _ClientMoments's backward
