@@ -63,8 +63,8 @@ class FederatedData:
 
     def histogram(self) -> np.ndarray:
         """Per-client training label histogram, ``[num_clients, num_classes]``."""
-        parts = [ix.numpy() for ix in self.client_train]
-        return label_histogram(self.train_y.numpy(), parts, self.num_classes)
+        parts = [ix.cpu().numpy() for ix in self.client_train]
+        return label_histogram(self.train_y.cpu().numpy(), parts, self.num_classes)
 
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "FederatedData":
         self.train_x = self.train_x.to(device=device, dtype=dtype or self.train_x.dtype)

@@ -131,7 +131,7 @@ class SequentialExecutor(Executor):
         gen = torch_generator(self.seed, "batches", server_round, cid)
         plan = batch_plan(
             n, spec.batch_size, epochs=spec.epochs, steps=1 if spec.dsgd else spec.steps,
-            drop_last=spec.drop_last, generator=gen,
+            drop_last=spec.drop_last, generator=gen, device=data.train_x.device,
         )
         # Dropout and any other module randomness draw from the global RNG: seed it per client.
         torch.manual_seed(derive_seed(self.seed, "module-rng", server_round, cid))

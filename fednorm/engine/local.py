@@ -61,6 +61,7 @@ def batch_plan(
     steps: int | None = None,
     drop_last: bool = False,
     generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
 ) -> list[torch.Tensor]:
     """Positions (into a client's index array) of each local mini-batch.
 
@@ -69,9 +70,15 @@ def batch_plan(
     paper's "fresh shuffled pass"); a client smaller than one batch uses all its samples in
     each step. Otherwise ``epochs`` shuffled passes; a trailing batch of one sample is dropped
     when the pass has other batches, because BatchNorm cannot normalise a single value.
+
+    The permutations are drawn on the CPU from ``generator``, so a run draws the same batches
+    on every device; ``device`` is where the returned index tensors go (the data's device).
     """
     if num_samples <= 0:
         return []
+    if device is not None and torch.device(device).type != "cpu":
+        return [b.to(device) for b in batch_plan(num_samples, batch_size, epochs=epochs, steps=steps,
+                                                 drop_last=drop_last, generator=generator)]
     if steps is not None:
         bs = min(batch_size, num_samples)
         stream: list[torch.Tensor] = []

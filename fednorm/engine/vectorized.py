@@ -234,13 +234,14 @@ class VectorizedExecutor(Executor):
         torch.manual_seed(derive_seed(self.seed, "module-rng-vectorized", server_round, client_ids[0]))
 
         full_momentum: dict[str, torch.Tensor | None] = {n: None for n in full_params}
-        full_started = torch.zeros(k, dtype=torch.bool)
+        dev = data.train_x.device  # index and mask tensors live beside the data (CPU or GPU)
+        full_started = torch.zeros(k, dtype=torch.bool, device=dev)
         if spec.dsgd:
             for n, p in full_params.items():
                 saved = [loc.get(MOMENTUM_PREFIX + n) for loc in locals_]
                 if any(v is not None for v in saved):
                     full_momentum[n] = torch.stack([v if v is not None else torch.zeros_like(p[0]) for v in saved])
-            full_started = torch.tensor([any(MOMENTUM_PREFIX + n in loc for n in full_params) for loc in locals_])
+            full_started = torch.tensor([any(MOMENTUM_PREFIX + n in loc for n in full_params) for loc in locals_], device=dev)
 
         rows = list(range(k))  # chunk positions of the working set
         params, buffers, momentum, started = full_params, full_buffers, dict(full_momentum), full_started.clone()
@@ -248,7 +249,7 @@ class VectorizedExecutor(Executor):
 
         def write_back() -> None:
             """Store the working set's tensors into the chunk's rows."""
-            idx = torch.tensor(rows)
+            idx = torch.tensor(rows, device=dev)
             with torch.no_grad():
                 if not on_net:
                     for n, p in params.items():
@@ -262,7 +263,7 @@ class VectorizedExecutor(Executor):
                         full_momentum[n].index_copy_(0, idx, m)
                 full_started[idx] = started
 
-        loss_sum = torch.zeros(k, dtype=torch.float64)
+        loss_sum = torch.zeros(k, dtype=torch.float64, device=dev)
         seen = [0] * k
         steps = [0] * k
         num_steps_max = max((len(p) for p in plans), default=0)
@@ -286,13 +287,13 @@ class VectorizedExecutor(Executor):
             if active != rows:  # some clients ran out of batches: shrink the working set
                 write_back()
                 rows = active
-                idx = torch.tensor(rows)
+                idx = torch.tensor(rows, device=dev)
                 params = {n: p.detach().index_select(0, idx).requires_grad_(True) for n, p in full_params.items()}
                 buffers = {n: b_.index_select(0, idx) for n, b_ in full_buffers.items()}
                 momentum = {n: None if m is None else m.index_select(0, idx) for n, m in full_momentum.items()}
                 started = full_started.index_select(0, idx)
                 on_net = False
-            frozen_now = frozen if on_net else {n: f.detach().index_select(0, torch.tensor(rows)) for n, f in frozen.items()}
+            frozen_now = frozen if on_net else {n: f.detach().index_select(0, torch.tensor(rows, device=dev)) for n, f in frozen.items()}
             kw = len(rows)
             groups: dict[int, list[int]] = defaultdict(list)  # batch size -> positions in the working set
             for j, i in enumerate(rows):
@@ -318,14 +319,14 @@ class VectorizedExecutor(Executor):
             for bsz, members in groups.items():
                 x, y = self._gather([rows[j] for j in members], plans, indices, gens, t)
                 step_batches.append((bsz, members, x, y))
-            working = torch.tensor(rows)
+            working = torch.tensor(rows, device=dev)
 
             def step_loss(record: bool) -> torch.Tensor:
                 """The step's loss summed over the working set's clients (each its mean data loss
                 plus its client-loss term); ``record`` books it as the step's training loss."""
                 total = None
                 for bsz, members, x, y in step_batches:
-                    set_forward_clients(net, torch.tensor([rows[j] for j in members]))
+                    set_forward_clients(net, torch.tensor([rows[j] for j in members], device=dev))
                     if len(members) == kw:
                         logits = net(x) if on_net else functional_call(net, {**params, **buffers, **frozen_now}, (x,))
                     else:
@@ -346,7 +347,7 @@ class VectorizedExecutor(Executor):
                         if kk == k:
                             loss_sum.add_(weighted)
                         else:
-                            loss_sum.index_add_(0, torch.tensor(chunk_rows), weighted)
+                            loss_sum.index_add_(0, torch.tensor(chunk_rows, device=dev), weighted)
                         for i in chunk_rows:
                             seen[i] += bsz
                             steps[i] += 1
@@ -377,6 +378,7 @@ class VectorizedExecutor(Executor):
         method.stacked_client_end(ctx)
 
         seen_t = torch.tensor(seen, dtype=torch.int64)
+        loss_sum = loss_sum.cpu()
         self.last_samples_seen += int(seen_t.sum())
         state = {key: t.detach() for key, t in net.state_dict().items()}
         for i, cid in enumerate(client_ids):
@@ -432,7 +434,7 @@ class VectorizedExecutor(Executor):
         """One local step of the working set with BatchNorm synchronised across clients (see
         :mod:`fednorm.engine.lockstep`); batch sizes may differ."""
         batches = [self._gather_samples([i], plans, indices, gens, t) for i in rows]
-        set_forward_clients(net, torch.tensor(rows))
+        set_forward_clients(net, torch.tensor(rows, device=self.data.train_x.device))
         xs = [x for x, _ in batches]
         ys = [y for _, y in batches]
         def forward(x):
@@ -463,14 +465,15 @@ class VectorizedExecutor(Executor):
             return None
         total = 0
         for c in self.round_clients:
-            plan = self._batch_plan(len(self.data.client_train[c]), torch.Generator())
+            plan = self._batch_plan(len(self.data.client_train[c]), torch.Generator(), device="cpu")
             total += len(plan[t]) if t < len(plan) else 0
         return total
 
-    def _batch_plan(self, num_samples: int, generator: torch.Generator) -> list[torch.Tensor]:
+    def _batch_plan(self, num_samples: int, generator: torch.Generator, device: torch.device | str | None = None) -> list[torch.Tensor]:
         spec = self.spec
         return batch_plan(num_samples, spec.batch_size, epochs=spec.epochs, steps=1 if spec.dsgd else spec.steps,
-                          drop_last=spec.drop_last, generator=generator)
+                          drop_last=spec.drop_last, generator=generator,
+                          device=self.data.train_x.device if device is None else device)
 
     def _gather_samples(self, members, plans, indices, gens, t):
         """The step-``t`` samples of clients ``members``, concatenated, augmented from each
@@ -501,7 +504,7 @@ class VectorizedExecutor(Executor):
         Parameters are gathered differentiably, so gradients land in the working tensors;
         BatchNorm statistics updated on the gathered copies are written back.
         """
-        idx = torch.tensor(members)
+        idx = torch.tensor(members, device=x.device)
         sub = {n: p.index_select(0, idx) for n, p in params.items()}
         sub_buffers = {n: b.index_select(0, idx) for n, b in buffers.items()}
         sub_frozen = {n: f.index_select(0, idx) for n, f in frozen.items()}
@@ -520,7 +523,7 @@ class VectorizedExecutor(Executor):
             adaptive_grad_clip_([p for n, p in params.items() if n not in spec.agc_skip], spec.agc_clip, lead=1)
         if spec.max_grad_norm is not None:
             norms = torch.stack([
-                torch.linalg.vector_norm(p.grad.reshape(k, -1), dim=1) if p.grad is not None else torch.zeros(k, dtype=p.dtype)
+                torch.linalg.vector_norm(p.grad.reshape(k, -1), dim=1) if p.grad is not None else p.new_zeros(k)
                 for p in params.values()
             ])
             total = torch.linalg.vector_norm(norms, dim=0)
@@ -549,8 +552,8 @@ class VectorizedExecutor(Executor):
                         g = prev.mul_(beta).add_(g)
                 p.add_(g, alpha=-lr)
             return
-        rows = torch.tensor(stepped)
-        active = torch.zeros(k, dtype=torch.bool)
+        rows = torch.tensor(stepped, device=started.device)
+        active = torch.zeros(k, dtype=torch.bool, device=started.device)
         active[rows] = True
         for name, p in params.items():
             g = p.grad if p.grad is not None else torch.zeros_like(p)

@@ -159,13 +159,14 @@ class ClientUpdates:
     def subset(self, rows: list[int]) -> "ClientUpdates":
         """The updates of the clients at positions ``rows`` (e.g. without dropped clients)."""
         idx = torch.tensor(rows, dtype=torch.int64)
+        # states and uploads live on the run's device, the per-client counts on the CPU
         return ClientUpdates(
             client_ids=[self.client_ids[r] for r in rows],
-            states={k: v.index_select(0, idx) for k, v in self.states.items()},
+            states={k: v.index_select(0, idx.to(v.device)) for k, v in self.states.items()},
             num_examples=self.num_examples.index_select(0, idx),
             train_loss=self.train_loss.index_select(0, idx),
             num_steps=self.num_steps.index_select(0, idx),
-            extras={k: v.index_select(0, idx) for k, v in self.extras.items()},
+            extras={k: v.index_select(0, idx.to(v.device)) for k, v in self.extras.items()},
             failures=dict(self.failures),
             seconds=None if self.seconds is None else self.seconds.index_select(0, idx),
         )
@@ -211,7 +212,7 @@ def weighted_average(stacked: torch.Tensor, weights: torch.Tensor) -> torch.Tens
     """
     if not stacked.is_floating_point():
         return stacked.max(dim=0).values
-    w = weights.to(torch.float64)
+    w = weights.to(device=stacked.device, dtype=torch.float64)
     w = w / w.sum()
     out = torch.tensordot(w, stacked.to(torch.float64), dims=1)
     return out.to(stacked.dtype)

@@ -207,9 +207,9 @@ class FBN(FedAvg):
         per-step count). Variances use biased batch variances (the server unbiases).
         """
         if not steps:
-            c = global_state[f"{name}.running_mean"].numel()
-            empty = torch.zeros(0, c, dtype=torch.float64)
-            return self._copies(name, torch.zeros(0, dtype=torch.float64), empty, empty, global_state)
+            ref = global_state[f"{name}.running_mean"]
+            empty = torch.zeros(0, ref.numel(), dtype=torch.float64, device=ref.device)
+            return self._copies(name, torch.zeros(0, dtype=torch.float64, device=ref.device), empty, empty, global_state)
         counts, means, variances = (torch.stack(col) for col in zip(*steps))
         return self._copies(name, counts, means, variances, global_state)
 
@@ -221,7 +221,7 @@ class FBN(FedAvg):
         mu0 = global_state[f"{name}.running_mean"].double()
         var0 = global_state[f"{name}.running_var"].double()
         if len(counts) == 0:  # no local step (empty client): count 0, ignored by the server
-            return {f"fbn.{name}.count": torch.zeros(1, dtype=torch.float64),
+            return {f"fbn.{name}.count": torch.zeros(1, dtype=torch.float64, device=mu0.device),
                     f"fbn.{name}.mean": mu0.unsqueeze(0).clone(), f"fbn.{name}.var": var0.unsqueeze(0).clone()}
         if self.mode == "exact":
             mean, var = fbn_local_update(mu0, var0, means, variances, beta)  # every step from the round-start statistics
@@ -257,9 +257,9 @@ class FBN(FedAvg):
         for name in self.layers:
             rows = records.get(name, [])
             if not rows:
-                out[f"fbn.{name}.count"] = torch.zeros((), dtype=torch.float64)
-                c = ctx.global_state[f"{name}.running_mean"].numel()
-                out[f"fbn.{name}.mean"] = out[f"fbn.{name}.var"] = torch.zeros(c, dtype=torch.float64)
+                ref = ctx.global_state[f"{name}.running_mean"]
+                out[f"fbn.{name}.count"] = torch.zeros((), dtype=torch.float64, device=ref.device)
+                out[f"fbn.{name}.mean"] = out[f"fbn.{name}.var"] = torch.zeros(ref.numel(), dtype=torch.float64, device=ref.device)
                 continue
             counts, means, variances = (torch.stack(col) for col in zip(*rows))
             total, mean, var = pooled_stats(counts.reshape(-1), means, variances)
@@ -324,7 +324,7 @@ class FBN(FedAvg):
                 # steps every client took are replayed (equal with DSGD or local_steps).
                 continue
             if self.mode == "literal":
-                decay: Any = {n: ((1 - self.momenta[n]) ** updates.num_steps[keep].double()).unsqueeze(-1) for n in self.layers}
+                decay: Any = {n: ((1 - self.momenta[n]) ** updates.num_steps.to(keep.device)[keep].double()).unsqueeze(-1) for n in self.layers}
             else:
                 decay = {n: 1 - self.momenta[n] for n in self.layers}
             rows = {n: (ex[f"fbn.{n}.count"][keep, e], ex[f"fbn.{n}.mean"][keep, e].double(), ex[f"fbn.{n}.var"][keep, e].double())

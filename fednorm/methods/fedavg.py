@@ -28,7 +28,7 @@ def aggregate_group(aggregator: Any, stacked: dict[str, torch.Tensor], weights: 
     keys = list(stacked)
     k = next(iter(stacked.values())).shape[0]
     flat = torch.cat([stacked[key].reshape(k, -1).double() for key in keys], dim=1)
-    agg = aggregator(flat, weights)
+    agg = aggregator(flat, None if weights is None else weights.to(flat.device))
     out, start = {}, 0
     for key in keys:
         ref = stacked[key]

@@ -341,10 +341,10 @@ class HBN(FedAvg):
         modules = dict(model.named_modules())
         out = {}
         for name in self.layers:
-            c = modules[name].num_features
-            out[f"hbn.{name}.count"] = torch.zeros((), dtype=torch.float64)
-            out[f"hbn.{name}.mean"] = torch.zeros(c, dtype=torch.float64)
-            out[f"hbn.{name}.var"] = torch.zeros(c, dtype=torch.float64)
+            c, dev = modules[name].num_features, modules[name].running_mean.device
+            out[f"hbn.{name}.count"] = torch.zeros((), dtype=torch.float64, device=dev)
+            out[f"hbn.{name}.mean"] = torch.zeros(c, dtype=torch.float64, device=dev)
+            out[f"hbn.{name}.var"] = torch.zeros(c, dtype=torch.float64, device=dev)
         return out
 
     def client_query(self, query: str, ctx: ClientContext) -> dict[str, torch.Tensor]:

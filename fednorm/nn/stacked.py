@@ -481,7 +481,7 @@ class StackedFederatedBatchNorm(StackedBatchNorm):
                 var = var.mul_((n - 1) / n).view(k, c)  # biased, as the FBN layer records it
                 count = torch.full((k,), n, dtype=torch.float64, device=x.device)
                 if self.recorder is not None:
-                    clients = self.forward_clients if self.forward_clients is not None else torch.arange(k)
+                    clients = self.forward_clients if self.forward_clients is not None else torch.arange(k, device=x.device)
                     if len(clients) != k:
                         raise ValueError(f"forward_clients names {len(clients)} clients, the pass has {k}")
                     self.recorder.append((clients, count, mean, var))
@@ -627,6 +627,7 @@ def collect_stacked_hbn_statistics(
     flags = [(m, m.training) for m in model.modules()]
     model.train(train_mode)
     tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    dev = next(iter(tensors.values())).device if tensors else torch.device("cpu")
     try:
         with torch.no_grad():
             for j in range(max((len(b) for b in batches), default=0)):
@@ -640,14 +641,14 @@ def collect_stacked_hbn_statistics(
                         group.sort(key=lambda i: -len(batches[i][j]))
                     for start in range(0, len(group), per):
                         members = group[start:start + per]
-                        idx = torch.tensor(members)
+                        idx = torch.tensor(members, device=dev)
                         sizes[:] = [len(batches[i][j]) for i in members]
                         longest = max(sizes)
                         rows = [batches[i][j] for i in members]
                         if min(sizes) < longest:
                             rows = [torch.cat([r, r.new_zeros((longest - len(r), *r.shape[1:]))]) if len(r) < longest else r
                                     for r in rows]
-                            set_row_mask(model, torch.arange(longest).unsqueeze(1) < torch.tensor(sizes).unsqueeze(0))
+                            set_row_mask(model, torch.arange(longest, device=dev).unsqueeze(1) < torch.tensor(sizes, device=dev).unsqueeze(0))
                         else:
                             set_row_mask(model, None)
                         x = to_client_layout(torch.stack(rows))

@@ -471,7 +471,7 @@ class Moon(ClientOptimizer):
     def _frozen_features(self, frozen: nn.Module, x: torch.Tensor, clients: torch.Tensor | None, k: int) -> torch.Tensor:
         """The frozen stacked model's head input on ``x`` for the chunk positions ``clients``."""
         frozen.train()
-        if clients is None or (len(clients) == k and bool((clients == torch.arange(k)).all())):
+        if clients is None or (len(clients) == k and bool((clients == torch.arange(k, device=clients.device)).all())):
             return frozen.forward_features(x)
         idx = clients.to(torch.long)
         state = {n: t.index_select(0, idx) for n, t in frozen.state_dict().items()}

@@ -220,17 +220,21 @@ def run_state(spec: RunSpec) -> RunState:
 
 
 def git_info(repo: Path | None = None) -> dict[str, Any]:
-    """``{"commit": sha or None, "dirty": bool or None}`` of the repository holding fednorm."""
+    """``{"commit": sha or None, "dirty": bool or None}`` of the repository holding fednorm.
+
+    A copy of the tree without git metadata (one sent to a GPU machine) takes the commit from
+    ``$FEDNORM_COMMIT`` when set, its cleanliness unknown."""
     repo = Path(__file__).resolve().parents[2] if repo is None else repo
+    stated = {"commit": os.environ["FEDNORM_COMMIT"], "dirty": None} if os.environ.get("FEDNORM_COMMIT") else None
     try:
         sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:
-            return {"commit": None, "dirty": None}
+            return stated or {"commit": None, "dirty": None}
         status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
                                 capture_output=True, text=True, timeout=10)
         return {"commit": sha.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        return stated or {"commit": None, "dirty": None}
 
 
 def data_missing_file(out: Path, table: str) -> Path:

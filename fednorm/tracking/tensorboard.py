@@ -50,7 +50,7 @@ class TensorBoardLogger(Callback):
                 self.writer.add_scalar(name, value, step)
             if self.histograms:
                 for name, values in norm_tensors(sim).items():
-                    self.writer.add_histogram(name, values.numpy(), step)
+                    self.writer.add_histogram(name, values.cpu().numpy(), step)
         self.writer.flush()
 
     def on_run_end(self, sim: Any, summary: dict[str, Any], run_dir: Path | None) -> None:
