@@ -111,7 +111,7 @@ def batch_norm_with_stats_backward(
     rstd = (var + eps).rsqrt_()
     gamma = torch.ones_like(rstd) if weight is None else weight
     grad_x, grad_gamma, sum_g = torch.ops.aten.native_batch_norm_backward(
-        g, x, gamma, mean, var, None, None, False, eps, [input_grad, True, True]
+        g, x, gamma, mean, var, mean, rstd, False, eps, [input_grad, True, True]  # CUDA asserts the saved pair is given
     )
     scale = rstd * gamma
     grad_mean = (scale * sum_g).neg_()                 # −γ·rstd·Σg
