@@ -154,6 +154,18 @@ def test_plan_merges_settings_and_shares_identical_runs(tiny_configs: Path, tmp_
     assert len(c_runs) == 1 and c_runs[0].cells == [("c", "y")]  # (c, x) is skipped
 
 
+def test_a_shared_run_has_one_directory_whatever_the_column_selection(tiny_configs: Path, tmp_path: Path) -> None:
+    """A run serving two columns lives in its first column's directory, also when only the
+    second column is selected, so a later run of the whole table finds (and reports) it."""
+    (tiny_configs / "hbn" / "tiny.yaml").write_text(
+        TINY.replace("set: {norm: gn, norm_args: {num_groups: 2}}", "set: {norm: gn, norm_args: {num_groups: 2}, alpha: 0.3}"))
+    (table,) = _tiny(tiny_configs)
+    whole = {s.run_id: s for s in plan([table], scale="reduced", out=tmp_path, rows=["b"])}
+    only_y = plan([table], scale="reduced", out=tmp_path, rows=["b"], columns=["y"])
+    assert list(whole) == ["b__x"] and whole["b__x"].cells == [("b", "x"), ("b", "y")]
+    assert [(s.run_id, s.dir, s.cells) for s in only_y] == [("b__x", whole["b__x"].dir, [("b", "y")])]
+
+
 # -- running: caching, resuming ---------------------------------------------------------------
 
 
@@ -418,6 +430,9 @@ def test_export_keeps_results_and_lets_an_unfinished_run_resume_from_a_copy(tiny
     assert (exported / "checkpoint.pt").is_file() and (exported / "metrics.jsonl").is_file()
     assert json.loads((exported / "summary.json").read_text())["status"] == "interrupted"
     assert (dest / "report.md").is_file() and (dest / "results.json").is_file()
+    stopped = {(c["row"], c["column"]): c for c in json.loads((dest / "results.json").read_text())["tables"][0]["cells"]}
+    last = json.loads((exported / "metrics.jsonl").read_text().splitlines()[-1])
+    assert f"last evaluation {100 * last['test_accuracy']:.2f}% at round {last['round']}" in stopped[("a", "x")]["reason"]
 
     session2 = tmp_path / "session2"
     shutil.copytree(dest, session2)
@@ -437,6 +452,33 @@ def test_export_keeps_results_and_lets_an_unfinished_run_resume_from_a_copy(tiny
     assert main(common + ["--out", str(work), "--report-only", "--export", str(dest)]) == 0
     assert json.loads((exported / "summary.json").read_text())["status"] == "completed"
     assert len((exported / "metrics.jsonl").read_text().splitlines()) == 4
+
+
+def _export_run(root: Path, rounds: int, status: str) -> Path:
+    run = root / "t" / "row__col" / "seed0"
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "config.yaml").write_text(f"rounds: {rounds}\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"round": r}) + "\n" for r in range(1, rounds + 1)))
+    (run / "summary.json").write_text(json.dumps({"status": status, "rounds": rounds}))
+    return run
+
+
+@pytest.mark.parametrize("dest_rounds, dest_status, replaced", [
+    (3, "completed", True),     # finished at a stated fraction, extended elsewhere: the extension wins
+    (6, "interrupted", False),  # more rounds there
+    (5, "completed", False),    # as many rounds and finished there
+    (5, "interrupted", True),
+])
+def test_export_replaces_a_run_only_when_the_source_is_further_along(
+        tmp_path: Path, dest_rounds: int, dest_status: str, replaced: bool) -> None:
+    from fednorm.reproduce.export import export_runs
+
+    _export_run(tmp_path / "work", 5, "interrupted")
+    target = _export_run(tmp_path / "dest", dest_rounds, dest_status)
+    done = export_runs(tmp_path / "work", tmp_path / "dest")
+    assert (len(done.copied), len(done.kept)) == ((1, 0) if replaced else (0, 1))
+    rounds = len((target / "metrics.jsonl").read_text().splitlines())
+    assert rounds == (5 if replaced else dest_rounds)
 
 
 def test_export_checkpoints_needs_export(capsys) -> None:

@@ -226,8 +226,8 @@ class HBN(FedAvg):
         if self.stats_augment and padding is not None and x.dim() == 4:
             from ..data.transforms import random_crop_flip  # the training loop's augmentation
 
-            gen = torch_generator(self.seed, "hbn-statistics-augment", phase, server_round, client_id,
-                                  device=x.device)
+            # drawn on the CPU and moved, as training's augmentation: the same crops on every device
+            gen = torch_generator(self.seed, "hbn-statistics-augment", phase, server_round, client_id)
             x = random_crop_flip(x, padding=padding, generator=gen)
         return x
 

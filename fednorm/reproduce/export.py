@@ -61,8 +61,8 @@ def _run_dirs(root: Path) -> list[Path]:
 def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = False) -> ExportResult:
     """Copy every run's records from the suite folder ``source`` into ``dest`` (same layout).
 
-    A run already in ``dest`` that is further along (finished there, or more rounds recorded)
-    is left alone, so exporting an older working copy never loses a result. With
+    A run already in ``dest`` that is further along (more rounds recorded, or as many and
+    finished there) is left alone, so exporting an older working copy never loses a result. With
     ``checkpoints``, the ``checkpoint.pt`` of an unfinished run, or of a full-scale run that has
     stopped short of the paper's rounds (a stated fraction, to be extended), goes along (resume
     by running the same ``fednorm reproduce`` command with ``--out`` on a copy of ``dest``).
@@ -74,7 +74,9 @@ def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = Fal
         finished, rounds = _progress(run)
         if target.is_dir():
             was_finished, was_rounds = _progress(target)
-            if (was_finished and not finished) or was_rounds > rounds:
+            # a finished run is further along only against one at no more rounds: a run finished at
+            # a stated fraction (--rounds 50) and then extended past it elsewhere is behind
+            if was_rounds > rounds or (was_finished and not finished and was_rounds >= rounds):
                 result.kept.append(target)
                 continue
         target.mkdir(parents=True, exist_ok=True)

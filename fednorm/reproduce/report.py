@@ -114,6 +114,15 @@ def run_metrics(run_dir: str | Path, metric: str) -> dict[str, Any]:
     return out
 
 
+def _last_evaluation(run: Mapping[str, Any]) -> str:
+    """``", last evaluation 50.25% at round 600"``: where an unfinished run stands (its final,
+    best and last-10 stay empty, since they are the finished run's)."""
+    if not run.get("curve"):
+        return ""
+    at, value = run["curve"][-1]
+    return f", last evaluation {value:.2f}% at round {at}"
+
+
 def summarize(values: Sequence[float]) -> dict[str, Any]:
     """Mean and sample standard deviation (n − 1; None for one value)."""
     vals = [float(v) for v in values if v is not None]
@@ -206,7 +215,7 @@ def _collect_cell(table: Table, row_id: str, col_id: str, spec: RunSpec | None, 
         res["status"] = others[0]["status"]
         res["reason"] = "; ".join(
             f"seed {r['seed']}: {r['status']} at round {r['rounds']} of {spec.config['rounds']}"
-            + (f" ({r['error']})" if r.get("error") else "") for r in others)
+            + _last_evaluation(r) + (f" ({r['error']})" if r.get("error") else "") for r in others)
     else:
         res["status"] = "not run"
         res["reason"] = ("data missing (see above)" if data_missing_file(out, table.id).is_file()

@@ -127,24 +127,43 @@ def plan(
         keyed: list[tuple[tuple, RunSpec]] = []
         row_ids = _select([r.id for r in table.rows], rows)
         col_ids = _select([c.id for c in table.columns], columns)
+
+        def cell_fields(row_id: str, col_id: str) -> dict[str, Any]:
+            fields = table.fields(row_id, col_id, scale)
+            if subset is not None:
+                fields["data_dir"] = str(out / "_data" / subset_folder_name(fields.get("dataset", "digits"), subset))
+            elif data_dir is not None:
+                fields["data_dir"] = data_dir
+            fields.update(overrides)
+            return fields
+
+        def config_key(fields: Mapping[str, Any], seed: int) -> tuple[dict[str, Any], str]:
+            cfg = load_config(None, {**fields, "seed": seed}).model_dump(mode="json")
+            return cfg, json.dumps({k: v for k, v in cfg.items() if k != "out"}, sort_keys=True)
+
+        def shared_run_id(row_id: str, col_id: str, seed: int, key: str) -> str:
+            """The run id of the first column of the whole table (selected or not) whose cell
+            has this config, so a run that serves several columns has one directory whatever
+            ``--columns`` selects."""
+            for col in table.columns:
+                if col.id == col_id:
+                    break
+                if not table.cell(row_id, col.id).skip and config_key(cell_fields(row_id, col.id), seed)[1] == key:
+                    return table.run_id(row_id, col.id)
+            return table.run_id(row_id, col_id)
+
         for r_index, row_id in enumerate(row_ids):
             for c_index, col_id in enumerate(col_ids):
                 if table.cell(row_id, col_id).skip:
                     continue
-                fields = table.fields(row_id, col_id, scale)
-                if subset is not None:
-                    fields["data_dir"] = str(out / "_data" / subset_folder_name(fields.get("dataset", "digits"), subset))
-                elif data_dir is not None:
-                    fields["data_dir"] = data_dir
-                fields.update(overrides)
+                fields = cell_fields(row_id, col_id)
                 base_seed = int(fields.get("seed", 0))
                 for seed in _seeds(table, row_id, scale, seeds, base_seed):
-                    cfg = load_config(None, {**fields, "seed": seed}).model_dump(mode="json")
-                    key = json.dumps({k: v for k, v in cfg.items() if k != "out"}, sort_keys=True)
+                    cfg, key = config_key(fields, seed)
                     if key in by_config:  # the same run serves another cell
                         by_config[key].cells.append((row_id, col_id))
                         continue
-                    run_id = table.run_id(row_id, col_id)
+                    run_id = shared_run_id(row_id, col_id, seed, key)
                     run_dir = out / table.id / run_id / f"seed{seed}"
                     cfg["out"] = str(run_dir)
                     label = f"{table.row(row_id).label} | {table.column(col_id).label}" if run_id != row_id else table.row(row_id).label
@@ -222,19 +241,21 @@ def run_state(spec: RunSpec) -> RunState:
 def git_info(repo: Path | None = None) -> dict[str, Any]:
     """``{"commit": sha or None, "dirty": bool or None}`` of the repository holding fednorm.
 
-    A copy of the tree without git metadata (one sent to a GPU machine) takes the commit from
-    ``$FEDNORM_COMMIT`` when set, its cleanliness unknown."""
+    ``$FEDNORM_COMMIT``, when set, is taken as stated (cleanliness unknown): a copy of the tree
+    sent to another machine may carry no git metadata, or stale metadata from an older checkout."""
     repo = Path(__file__).resolve().parents[2] if repo is None else repo
     stated = {"commit": os.environ["FEDNORM_COMMIT"], "dirty": None} if os.environ.get("FEDNORM_COMMIT") else None
+    if stated:
+        return stated
     try:
         sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:
-            return stated or {"commit": None, "dirty": None}
+            return {"commit": None, "dirty": None}
         status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
                                 capture_output=True, text=True, timeout=10)
         return {"commit": sha.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
     except (OSError, subprocess.SubprocessError):
-        return stated or {"commit": None, "dirty": None}
+        return {"commit": None, "dirty": None}
 
 
 def data_missing_file(out: Path, table: str) -> Path:
