@@ -47,7 +47,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("fixbn", dict(model="simple_cnn", norm="bn", method="fixbn", method_args={"switch_round": 1})),
     ("fbn_literal", dict(model="simple_cnn", norm="fbn", method="fbn", method_args={"mode": "literal", "initial_pass": False})),
     ("fbn_exact", dict(model="simple_cnn", norm="fbn", method="fbn")),
-    ("fbn_dsgd", dict(model="fbn_cnn", norm="fbn", method="fbn", dsgd=True, momentum=0.99, local_steps=None)),
+    # dropout masks differ by device, executor and memory format (docs/reliability.md): off here
+    ("fbn_dsgd", dict(model="fbn_cnn", model_args={"dropout": 0.0}, norm="fbn", method="fbn", dsgd=True, momentum=0.99,
+                      local_steps=None)),
     ("hbn_paper", dict(model="simple_cnn", norm="hbn", method="hbn", method_args={"preset": "paper"})),
     ("hbn_default", dict(model="simple_cnn", norm="hbn", method="hbn")),
     ("hbn_code", dict(model="simple_cnn", norm="hbn", method="hbn", method_args={"preset": "reference-code"})),
