@@ -38,7 +38,6 @@ from fednorm.engine.simulator import Simulation  # noqa: E402
 
 # (id, config overrides): the rows of the reproduction tables, on small models where the paper's
 # is large; each runs on both executors unless it names one.
-DTYPE = "float64"
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("fedavg_bn", dict(model="simple_cnn", norm="bn", method="fedavg")),
     ("fedavg_gn", dict(model="simple_cnn", norm="gn", norm_args={"num_groups": 2}, method="fedavg")),
@@ -78,9 +77,10 @@ def shaped_data(num_clients: int, per_client: int, seed: int = 0) -> FederatedDa
     return FederatedData(info, x, y, tx, ty, clients, [torch.arange(i * 8, i * 8 + 8) for i in range(num_clients)], augment=True)
 
 
-def run_case(overrides: dict[str, Any], device: str, executor: str, rounds: int) -> tuple[dict[str, torch.Tensor], float, float]:
+def run_case(overrides: dict[str, Any], device: str, executor: str, rounds: int,
+             dtype: str = "float64") -> tuple[dict[str, torch.Tensor], float, float]:
     kw = dict(dataset="cifar10", num_clients=3, rounds=rounds, local_steps=2, batch_size=4, lr=0.05, augment=True,
-              eval_every=rounds, dtype=DTYPE, seed=3, executor=executor, device=device)
+              eval_every=rounds, dtype=dtype, seed=3, executor=executor, device=device)
     kw.update(overrides)
     if kw.get("local_steps") is None:
         kw.pop("local_steps")
@@ -121,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="CPU threads (one: a loaded CPU's thread pools stall small ops)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
-    global DTYPE
-    DTYPE = args.dtype
+    unknown = sorted((set(args.only.split(",")) if args.only else set()) - {name for name, _ in CASES})
+    if unknown:
+        p.error(f"unknown case(s) {', '.join(unknown)}; valid: {', '.join(name for name, _ in CASES)}")
     torch.set_num_threads(args.threads)
     tol = args.tol if args.tol is not None else (1e-3 if args.dtype == "float32" else 1e-9)
     torch.backends.cuda.matmul.allow_tf32 = False  # the comparison is with the CPU's float32
@@ -137,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue  # lockstep methods run stacked only
             row: dict[str, Any] = {"case": name, "executor": executor}
             try:
-                ref, t_cpu, _ = run_case(overrides, "cpu", executor, args.rounds)
-                got, t_dev, acc = run_case(overrides, args.device, executor, args.rounds)
+                ref, t_cpu, _ = run_case(overrides, "cpu", executor, args.rounds, args.dtype)
+                got, t_dev, acc = run_case(overrides, args.device, executor, args.rounds, args.dtype)
                 diff, where = compare(ref, got)
                 row.update(ok=diff < tol, max_rel_diff=diff, worst_tensor=where, s_per_round_cpu=t_cpu,
                            s_per_round_device=t_dev)

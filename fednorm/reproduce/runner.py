@@ -137,9 +137,15 @@ def plan(
             fields.update(overrides)
             return fields
 
-        def config_key(fields: Mapping[str, Any], seed: int) -> tuple[dict[str, Any], str]:
-            cfg = load_config(None, {**fields, "seed": seed}).model_dump(mode="json")
-            return cfg, json.dumps({k: v for k, v in cfg.items() if k != "out"}, sort_keys=True)
+        keys: dict[tuple[str, str, int], tuple[dict[str, Any], str]] = {}
+
+        def config_key(row_id: str, col_id: str, seed: int) -> tuple[dict[str, Any], str]:
+            """The cell's validated config and its identity (without ``out``), computed once."""
+            if (row_id, col_id, seed) not in keys:
+                cfg = load_config(None, {**cell_fields(row_id, col_id), "seed": seed}).model_dump(mode="json")
+                keys[(row_id, col_id, seed)] = cfg, json.dumps({k: v for k, v in cfg.items() if k != "out"}, sort_keys=True)
+            cfg, key = keys[(row_id, col_id, seed)]
+            return dict(cfg), key
 
         def shared_run_id(row_id: str, col_id: str, seed: int, key: str) -> str:
             """The run id of the first column of the whole table (selected or not) whose cell
@@ -148,7 +154,7 @@ def plan(
             for col in table.columns:
                 if col.id == col_id:
                     break
-                if not table.cell(row_id, col.id).skip and config_key(cell_fields(row_id, col.id), seed)[1] == key:
+                if not table.cell(row_id, col.id).skip and config_key(row_id, col.id, seed)[1] == key:
                     return table.run_id(row_id, col.id)
             return table.run_id(row_id, col_id)
 
@@ -159,7 +165,7 @@ def plan(
                 fields = cell_fields(row_id, col_id)
                 base_seed = int(fields.get("seed", 0))
                 for seed in _seeds(table, row_id, scale, seeds, base_seed):
-                    cfg, key = config_key(fields, seed)
+                    cfg, key = config_key(row_id, col_id, seed)
                     if key in by_config:  # the same run serves another cell
                         by_config[key].cells.append((row_id, col_id))
                         continue
@@ -244,9 +250,8 @@ def git_info(repo: Path | None = None) -> dict[str, Any]:
     ``$FEDNORM_COMMIT``, when set, is taken as stated (cleanliness unknown): a copy of the tree
     sent to another machine may carry no git metadata, or stale metadata from an older checkout."""
     repo = Path(__file__).resolve().parents[2] if repo is None else repo
-    stated = {"commit": os.environ["FEDNORM_COMMIT"], "dirty": None} if os.environ.get("FEDNORM_COMMIT") else None
-    if stated:
-        return stated
+    if os.environ.get("FEDNORM_COMMIT"):
+        return {"commit": os.environ["FEDNORM_COMMIT"], "dirty": None}
     try:
         sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:
