@@ -433,6 +433,10 @@ def test_export_keeps_results_and_lets_an_unfinished_run_resume_from_a_copy(tiny
     stopped = {(c["row"], c["column"]): c for c in json.loads((dest / "results.json").read_text())["tables"][0]["cells"]}
     last = json.loads((exported / "metrics.jsonl").read_text().splitlines()[-1])
     assert f"last evaluation {100 * last['test_accuracy']:.2f}% at round {last['round']}" in stopped[("a", "x")]["reason"]
+    # a report at a shorter --rounds still measures the unfinished run against the length it was started for
+    assert main(common + ["--out", str(work), "--report-only", "--rounds", "1"]) == 0
+    shorter = {(c["row"], c["column"]): c for c in json.loads((work / "results.json").read_text())["tables"][0]["cells"]}
+    assert spec.config["rounds"] != 1 and f" of {spec.config['rounds']}, last evaluation" in shorter[("a", "x")]["reason"]
 
     session2 = tmp_path / "session2"
     shutil.copytree(dest, session2)

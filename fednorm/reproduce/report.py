@@ -190,7 +190,9 @@ def _collect_cell(table: Table, row_id: str, col_id: str, spec: RunSpec | None, 
             res["stale"].append({"dir": str(run_dir), "differences": diff})
             continue
         try:
-            res["runs"].append(run_metrics(run_dir, metric))
+            # an unfinished run is measured against the length it was started for, which a
+            # report at another --rounds (a stated fraction) does not change
+            res["runs"].append({**run_metrics(run_dir, metric), "planned_rounds": saved["rounds"]})
         except ConfigError as exc:
             res["stale"].append({"dir": str(run_dir), "differences": [str(exc)]})
     done = [r for r in res["runs"] if r["status"] == "completed"]
@@ -214,7 +216,7 @@ def _collect_cell(table: Table, row_id: str, col_id: str, spec: RunSpec | None, 
     elif others:
         res["status"] = others[0]["status"]
         res["reason"] = "; ".join(
-            f"seed {r['seed']}: {r['status']} at round {r['rounds']} of {spec.config['rounds']}"
+            f"seed {r['seed']}: {r['status']} at round {r['rounds']} of {r['planned_rounds']}"
             + _last_evaluation(r) + (f" ({r['error']})" if r.get("error") else "") for r in others)
     else:
         res["status"] = "not run"
