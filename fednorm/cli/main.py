@@ -255,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ..report.cli import add_parser as add_report_parser  # fednorm report RUN_DIR... (fednorm/report)
 
     add_report_parser(sub)
+    from ..diagnostics.cli import add_parser as add_diagnose_parser  # fednorm diagnose RUN_DIR (fednorm/diagnostics)
+
+    add_diagnose_parser(sub)
 
     p_list = sub.add_parser("list", help="list methods, norms, models, datasets and partitions")
     p_list.add_argument("what", nargs="?", choices=["methods", "norms", "models", "datasets", "partitions", "client_opts", "server_opts", "aggregators", "attacks"], help="one registry (default: all)")
@@ -756,6 +759,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return command(args)
 
 
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from ..diagnostics.cli import command
+
+    return command(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -792,7 +801,8 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
             return EXIT_BAD_INPUT
     handler = {"run": _cmd_run, "compare": lambda a: _keeping_threads(_cmd_compare, a), "partition": _cmd_partition, "list": _cmd_list,
                "analyze": _cmd_analyze, "flower-app": _cmd_flower_app,
-               "adapt": _cmd_adapt, "reproduce": lambda a: _cmd_reproduce(a, argv), "report": _cmd_report}[args.command]
+               "adapt": _cmd_adapt, "reproduce": lambda a: _cmd_reproduce(a, argv), "report": _cmd_report,
+               "diagnose": _cmd_diagnose}[args.command]
     try:
         return handler(args)
     except FednormError as exc:

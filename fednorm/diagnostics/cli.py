@@ -1,0 +1,41 @@
+"""The ``fednorm diagnose`` command (parser and handler, kept out of cli/main.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "command"]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "diagnose", help="evaluate a run's weights with each statistics it could use: where its accuracy is lost",
+        description="Rebuild a run from its config.yaml and latest checkpoint and evaluate the same weights with the "
+        "statistics its evaluations used, the method's deployed ones (HBN's round T+1), the global buffers and the "
+        "exact statistics of the clients' union; print the per-layer statistics mismatch and HBN's batch weights, "
+        "and write RUN_DIR/diagnosis.json (docs/diagnostics.md).",
+    )
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a fednorm run directory")
+    p.add_argument("--resample", type=int, default=0, metavar="K",
+                   help="methods that re-estimate statistics from sampled clients (HBN): repeat that with K other seeded "
+                   "samples and give the spread (default: 0)")
+    p.add_argument("--data-dir", help="dataset folder, if not the run's")
+    p.add_argument("--device", help="torch device (default: the run's, the CPU for a GPU run where there is no GPU)")
+    p.add_argument("--json", action="store_true", help="print the JSON instead of the table")
+
+
+def command(args: argparse.Namespace) -> int:
+    import json
+
+    from ..errors import ConfigError
+    from .offline import DIAGNOSIS_FILE, diagnose_run, format_diagnosis
+
+    if args.resample < 0:
+        raise ConfigError(f"--resample must be >= 0, got {args.resample}")
+    result = diagnose_run(args.run_dir, resample=args.resample, data_dir=args.data_dir, device=args.device)
+    print(json.dumps(result, indent=2) if args.json else format_diagnosis(result))
+    if not args.json:
+        print(f"written: {args.run_dir / DIAGNOSIS_FILE} ({result['seconds']:.1f} s)")
+    return 0

@@ -1,0 +1,186 @@
+"""``fednorm diagnose RUN_DIR``: is a run's accuracy lost in its weights or in its statistics?
+
+A normalisation layer evaluates with statistics that the federation estimated (averaged running
+buffers, HBN's pooled client statistics, FBN's corrected ones). This rebuilds a run from its
+``config.yaml`` and latest checkpoint and evaluates the *same weights* with each statistics the run
+could have used:
+
+* ``as_evaluated``: what the run's evaluations used (``Method.evaluation_state``): the global
+  buffers for FedAvg and most methods; for HBN the statistics of the last round's clients
+  recomputed under the final weights, the paper's protocol;
+* ``deployed``: the state a method deploys after training, where it has one (HBN's round T+1);
+* ``global_buffers``: the global model's statistics buffers as stored;
+* ``exact``: the exact statistics of the union of the clients' training data (one pass, earlier
+  layers normalised with the union's): what BatchNorm trained centrally would hold, and an upper
+  reference that needs no further training.
+
+For a method that re-estimates its statistics from a sample of clients (HBN), ``--resample K``
+repeats that protocol with K other seeded samples of the same size: the spread of those accuracies
+is how much an evaluation depends on which clients answered. The per-layer statistics mismatch and
+HBN's learnt batch weights are the per-round diagnostics' figures (:mod:`fednorm.diagnostics.runner`)
+at the checkpoint's round. Personalized methods (FedBN, SiloBN) have no global statistics: only their
+accuracy and the spread of their local statistics are reported.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..rng import numpy_rng
+from .runner import Diagnostics
+from .statistics import norm_layers
+
+__all__ = ["diagnose_run", "format_diagnosis", "DIAGNOSIS_FILE"]
+
+#: Written into the run directory.
+DIAGNOSIS_FILE = "diagnosis.json"
+
+
+def _load(run_dir: Path, data_dir: str | None, device: str | None) -> Any:
+    import torch
+
+    from ..config import load_config
+    from ..engine.checkpoint import load_latest
+    from ..engine.simulator import Simulation
+
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"cannot diagnose {run_dir}: no config.yaml there (is it a fednorm run directory?)")
+    overrides: dict[str, Any] = {}
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    cfg = load_config(run_dir / "config.yaml", overrides)
+    if device is None and cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        device = "cpu"  # a run made on a GPU, diagnosed where there is none
+    if device is not None:
+        cfg = cfg.model_copy(update={"device": device})
+    checkpoint = load_latest(run_dir)
+    sim = Simulation(cfg)
+    sim.load_state_dict(checkpoint)
+    return sim
+
+
+def _resampled(sim: Any, k: int) -> dict[str, Any] | None:
+    """The method's re-sync protocol (``synced_state``) with ``k`` seeded client samples of the
+    round's size; ``None`` for methods without one."""
+    method = sim.method
+    if k <= 0 or not hasattr(method, "synced_state"):
+        return None
+    n, m = sim.config.num_clients, min(sim.config.sampled_per_round, sim.config.num_clients)
+    values = []
+    for i in range(k):
+        clients = sorted(int(c) for c in numpy_rng(sim.config.seed, "diagnose-resample", i).choice(n, size=m, replace=False))
+        values.append(sim.evaluate_global(method.synced_state(sim, clients))[0])
+    arr = np.asarray(values)
+    return {"samples": k, "clients_per_sample": m, "accuracies": values, "mean": float(arr.mean()),
+            "std": float(arr.std(ddof=1)) if k > 1 else 0.0, "min": float(arr.min()), "max": float(arr.max())}
+
+
+def diagnose_run(
+    run_dir: str | Path,
+    *,
+    resample: int = 0,
+    data_dir: str | None = None,
+    device: str | None = None,
+    batch_size: int = 512,
+    write: bool = True,
+) -> dict[str, Any]:
+    """Evaluate a run's latest weights under each statistics it could use (module docstring).
+
+    Args:
+        run_dir: a run directory (``config.yaml`` + a checkpoint).
+        resample: for methods that re-estimate statistics from sampled clients (HBN), repeat the
+            protocol with this many other seeded samples (default: 0, none).
+        data_dir: the dataset folder, if not the one the run recorded.
+        device: torch device (default: the run's; the CPU for a GPU run where there is no GPU).
+        batch_size: chunk size of the exact statistics pass.
+        write: write ``RUN_DIR/diagnosis.json``.
+
+    Returns:
+        ``round``, ``method``, ``norm``, ``accuracy`` (name -> accuracy in [0, 1]), ``resampled``
+        (or ``None``), ``layers`` (per normalisation layer: the mismatch figures), ``hbn_batch_weight``
+        (per layer: mean and quantiles of ``sigmoid(-alpha)``), ``local_spread`` and ``seconds``.
+    """
+    start = time.perf_counter()
+    run_dir = Path(run_dir)
+    sim = _load(run_dir, data_dir, device)
+    method = sim.method
+    r = sim.server_round
+    if r < 1:
+        raise ConfigError(f"cannot diagnose {run_dir}: its checkpoint is from before the first round")
+    method.configure_round(r, sim.sample_clients(r))  # the last round's clients, as the run evaluated
+    diag = Diagnostics(1, batch_size=batch_size)
+    accuracy: dict[str, float] = {"as_evaluated": float(sim.evaluate()["test_accuracy"])}
+    layers: dict[str, dict[str, float]] = {}
+    if not method.personalized and norm_layers(sim.model):
+        deployed = method.final_state(sim)
+        if deployed is not None:
+            accuracy["deployed"] = float(sim.evaluate_global(deployed)[0])
+        figures = diag.statistics(sim, [sim.data.train_x[ix] for ix in sim.data.client_train])
+        accuracy["global_buffers"] = figures.pop("diag/acc/aggregated")
+        accuracy["exact"] = figures.pop("diag/acc/recalibrated")
+        figures.pop("diag/acc/gap")
+        for key, value in figures.items():
+            _, _, stat, layer = key.split("/", 3)
+            layers.setdefault(layer, {})[stat] = value
+    weights: dict[str, dict[str, float]] = {}
+    for key, value in diag.hbn_batch_weights(sim).items():
+        _, _, stat, layer = key.split("/", 3)
+        weights.setdefault(layer, {})[stat.removeprefix("batch_weight_")] = value
+    spread: dict[str, dict[str, float]] = {}
+    for key, value in diag.local_spread(sim).items():
+        _, _, stat, layer = key.split("/", 3)
+        spread.setdefault(layer, {})[stat] = value
+    result = {
+        "run_dir": str(run_dir), "round": r, "method": sim.config.method, "norm": sim.config.norm,
+        "personalized": bool(method.personalized), "accuracy": accuracy, "resampled": _resampled(sim, resample),
+        "layers": layers, "hbn_batch_weight": weights, "local_spread": spread,
+        "seconds": time.perf_counter() - start,
+    }
+    if write:
+        (run_dir / DIAGNOSIS_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+_LABELS = {
+    "as_evaluated": "as the run evaluated",
+    "deployed": "deployed (the method's last exchange)",
+    "global_buffers": "the global model's statistics buffers",
+    "exact": "exact statistics of the clients' union",
+}
+
+
+def format_diagnosis(result: dict[str, Any]) -> str:
+    """A short text report of :func:`diagnose_run`'s result."""
+    lines = [f"{result['method']}+{result['norm']} at round {result['round']}: test accuracy of the same weights with"]
+    acc = result["accuracy"]
+    for key, label in _LABELS.items():
+        if key in acc:
+            lines.append(f"  {label:<40} {100 * acc[key]:6.2f}%")
+    res = result.get("resampled")
+    if res:
+        lines.append(f"  {'the same protocol, other client samples':<40} {100 * res['mean']:6.2f}% ± {100 * res['std']:.2f} "
+                     f"(min {100 * res['min']:.2f}, max {100 * res['max']:.2f}; {res['samples']} samples of "
+                     f"{res['clients_per_sample']} clients)")
+    if "exact" in acc:
+        gap = acc["exact"] - acc["as_evaluated"]
+        lines.append(f"  exact - as evaluated: {100 * gap:+.2f} points ({'lost to the statistics, not the weights' if gap > 0 else 'none lost to the statistics'})")
+    if result["layers"]:
+        lines.append("  per layer: aggregated mean shift |mu_g - mu*| / sigma*, |log var ratio|; clients' mean shift (max)")
+        for name, f in result["layers"].items():
+            lines.append(f"    {name:<20} {f.get('agg_mean_shift', float('nan')):7.3f} {f.get('agg_var_logratio', float('nan')):7.3f}   "
+                         f"{f.get('client_mean_shift', float('nan')):7.3f} ({f.get('client_mean_shift_max', float('nan')):.3f})")
+    if result["hbn_batch_weight"]:
+        lines.append("  HBN batch weight sigmoid(-alpha) over clients x channels: mean (p10, p50, p90)")
+        for name, f in result["hbn_batch_weight"].items():
+            lines.append(f"    {name:<20} {f['mean']:.3f} ({f['p10']:.3f}, {f['p50']:.3f}, {f['p90']:.3f})")
+    if result["local_spread"]:
+        lines.append("  local statistics' spread across clients: means (std / pooled sigma), log variances (std)")
+        for name, f in result["local_spread"].items():
+            lines.append(f"    {name:<20} {f.get('mean_spread', float('nan')):.3f} {f.get('logvar_spread', float('nan')):.3f}")
+    return "\n".join(lines)
