@@ -169,7 +169,9 @@ def format_diagnosis(result: dict[str, Any]) -> str:
                      f"{res['clients_per_sample']} clients)")
     if "exact" in acc:
         gap = acc["exact"] - acc["as_evaluated"]
-        lines.append(f"  exact - as evaluated: {100 * gap:+.2f} points ({'lost to the statistics, not the weights' if gap > 0 else 'none lost to the statistics'})")
+        why = ("lost to the statistics, not the weights" if gap > 0 else
+               "the weights fit the statistics they were evaluated with; the exact ones do not help them")
+        lines.append(f"  exact - as evaluated: {100 * gap:+.2f} points ({why})")
     if result["layers"]:
         lines.append("  per layer: aggregated mean shift |mu_g - mu*| / sigma*, |log var ratio|; clients' mean shift (max)")
         for name, f in result["layers"].items():
