@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--resample", type=int, default=0, metavar="K",
                    help="methods that re-estimate statistics from sampled clients (HBN): repeat that with K other seeded "
                    "samples and give the spread (default: 0)")
+    p.add_argument("--max-samples", type=int, metavar="N",
+                   help="exact statistics from a seeded share of each client's data, N samples in all (default: all; "
+                   "the pass costs about half a forward pass per normalisation layer over them)")
     p.add_argument("--data-dir", help="dataset folder, if not the run's")
     p.add_argument("--device", help="torch device (default: the run's, the CPU for a GPU run where there is no GPU)")
     p.add_argument("--json", action="store_true", help="print the JSON instead of the table")
@@ -34,7 +38,14 @@ def command(args: argparse.Namespace) -> int:
 
     if args.resample < 0:
         raise ConfigError(f"--resample must be >= 0, got {args.resample}")
-    result = diagnose_run(args.run_dir, resample=args.resample, data_dir=args.data_dir, device=args.device)
+    if args.max_samples is not None and args.max_samples < 1:
+        raise ConfigError(f"--max-samples must be >= 1, got {args.max_samples}")
+
+    def say(line: str) -> None:
+        print(f"fednorm diagnose: {line}", file=sys.stderr, flush=True)
+
+    result = diagnose_run(args.run_dir, resample=args.resample, max_samples=args.max_samples, data_dir=args.data_dir,
+                          device=args.device, progress=say)
     print(json.dumps(result, indent=2) if args.json else format_diagnosis(result))
     if not args.json:
         print(f"written: {args.run_dir / DIAGNOSIS_FILE} ({result['seconds']:.1f} s)")

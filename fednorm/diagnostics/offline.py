@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -81,14 +81,35 @@ def _resampled(sim: Any, k: int) -> dict[str, Any] | None:
             "std": float(arr.std(ddof=1)) if k > 1 else 0.0, "min": float(arr.min()), "max": float(arr.max())}
 
 
+def _subsample(sim: Any, max_samples: int | None) -> tuple[list[Any], int, int]:
+    """Each client's training inputs, or a seeded share of each (proportional to its size, at
+    least one from a non-empty client) when the union holds more than ``max_samples``."""
+    import torch
+
+    data = sim.data
+    sizes = [len(ix) for ix in data.client_train]
+    total = sum(sizes)
+    if max_samples is None or max_samples >= total:
+        return [data.train_x[ix] for ix in data.client_train], total, total
+    keep = []
+    for cid, ix in enumerate(data.client_train):
+        k = min(len(ix), max(1 if len(ix) else 0, round(max_samples * len(ix) / total)))
+        order = torch.as_tensor(numpy_rng(sim.config.seed, "diagnose-subsample", cid).permutation(len(ix))[:k],
+                                device=ix.device)
+        keep.append(data.train_x[ix[order]])
+    return keep, sum(len(x) for x in keep), total
+
+
 def diagnose_run(
     run_dir: str | Path,
     *,
     resample: int = 0,
+    max_samples: int | None = None,
     data_dir: str | None = None,
     device: str | None = None,
     batch_size: int = 512,
     write: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate a run's latest weights under each statistics it could use (module docstring).
 
@@ -96,10 +117,14 @@ def diagnose_run(
         run_dir: a run directory (``config.yaml`` + a checkpoint).
         resample: for methods that re-estimate statistics from sampled clients (HBN), repeat the
             protocol with this many other seeded samples (default: 0, none).
+        max_samples: compute the "exact" statistics (and the clients' mismatch) on a seeded share
+            of each client's data, this many in all (default: every training sample). The
+            statistics pass costs about half a forward pass per normalisation layer over the union.
         data_dir: the dataset folder, if not the one the run recorded.
         device: torch device (default: the run's; the CPU for a GPU run where there is no GPU).
         batch_size: chunk size of the exact statistics pass.
         write: write ``RUN_DIR/diagnosis.json``.
+        progress: called with a line on each stage (the CLI prints them).
 
     Returns:
         ``round``, ``method``, ``norm``, ``accuracy`` (name -> accuracy in [0, 1]), ``resampled``
@@ -107,7 +132,9 @@ def diagnose_run(
         (per layer: mean and quantiles of ``sigmoid(-alpha)``), ``local_spread`` and ``seconds``.
     """
     start = time.perf_counter()
+    say = progress or (lambda line: None)
     run_dir = Path(run_dir)
+    say(f"loading {run_dir} (config, data, checkpoint)")
     sim = _load(run_dir, data_dir, device)
     method = sim.method
     r = sim.server_round
@@ -115,13 +142,18 @@ def diagnose_run(
         raise ConfigError(f"cannot diagnose {run_dir}: its checkpoint is from before the first round")
     method.configure_round(r, sim.sample_clients(r))  # the last round's clients, as the run evaluated
     diag = Diagnostics(1, batch_size=batch_size)
+    say(f"round {r}: evaluating as the run evaluated")
     accuracy: dict[str, float] = {"as_evaluated": float(sim.evaluate()["test_accuracy"])}
     layers: dict[str, dict[str, float]] = {}
+    exact_samples = train_samples = None
     if not method.personalized and norm_layers(sim.model):
         deployed = method.final_state(sim)
         if deployed is not None:
+            say("evaluating the deployed state")
             accuracy["deployed"] = float(sim.evaluate_global(deployed)[0])
-        figures = diag.statistics(sim, [sim.data.train_x[ix] for ix in sim.data.client_train])
+        client_x, exact_samples, train_samples = _subsample(sim, max_samples)
+        say(f"exact statistics of {exact_samples} training samples, one pass per normalisation layer")
+        figures = diag.statistics(sim, client_x, progress=lambda k, n, name: say(f"  layer {k}/{n} ({name})"))
         accuracy["global_buffers"] = figures.pop("diag/acc/aggregated")
         accuracy["exact"] = figures.pop("diag/acc/recalibrated")
         figures.pop("diag/acc/gap")
@@ -136,9 +168,12 @@ def diagnose_run(
     for key, value in diag.local_spread(sim).items():
         _, _, stat, layer = key.split("/", 3)
         spread.setdefault(layer, {})[stat] = value
+    if resample > 0 and hasattr(method, "synced_state"):
+        say(f"the method's re-sync with {resample} other client samples")
     result = {
         "run_dir": str(run_dir), "round": r, "method": sim.config.method, "norm": sim.config.norm,
-        "personalized": bool(method.personalized), "accuracy": accuracy, "resampled": _resampled(sim, resample),
+        "personalized": bool(method.personalized), "accuracy": accuracy, "exact_samples": exact_samples, "train_samples": train_samples,
+        "resampled": _resampled(sim, resample),
         "layers": layers, "hbn_batch_weight": weights, "local_spread": spread,
         "seconds": time.perf_counter() - start,
     }
@@ -155,13 +190,19 @@ _LABELS = {
 }
 
 
+def _label(key: str, result: dict[str, Any]) -> str:
+    if key == "exact" and (result.get("exact_samples") or 0) < (result.get("train_samples") or 0):
+        return f"exact statistics of {result['exact_samples']} of {result['train_samples']}"
+    return _LABELS[key]
+
+
 def format_diagnosis(result: dict[str, Any]) -> str:
     """A short text report of :func:`diagnose_run`'s result."""
     lines = [f"{result['method']}+{result['norm']} at round {result['round']}: test accuracy of the same weights with"]
     acc = result["accuracy"]
-    for key, label in _LABELS.items():
+    for key in _LABELS:
         if key in acc:
-            lines.append(f"  {label:<40} {100 * acc[key]:6.2f}%")
+            lines.append(f"  {_label(key, result):<40} {100 * acc[key]:6.2f}%")
     res = result.get("resampled")
     if res:
         lines.append(f"  {'the same protocol, other client samples':<40} {100 * res['mean']:6.2f}% ± {100 * res['std']:.2f} "

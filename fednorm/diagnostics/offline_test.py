@@ -107,3 +107,26 @@ def test_diagnose_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "no config.yaml there" in capsys.readouterr().err
     assert main(["diagnose", str(out), "--resample", "-1"]) == 2
     assert "--resample must be >= 0" in capsys.readouterr().err
+    assert main(["diagnose", str(out), "--max-samples", "0"]) == 2
+    assert "--max-samples must be >= 1" in capsys.readouterr().err
+    assert main(["diagnose", str(out), "--max-samples", "20"]) == 0
+    captured = capsys.readouterr()
+    assert "fednorm diagnose: exact statistics of" in captured.err and "layer 3/3" in captured.err
+
+
+def test_max_samples_takes_a_seeded_share_of_every_client_and_reports_progress(tmp_path: Path) -> None:
+    out = tmp_path / "bn"
+    run(dict(TINY, method="fedavg", norm="bn", out=str(out)), progress=False)
+    full = diagnose_run(out, write=False)
+    assert full["exact_samples"] == full["train_samples"] > 40
+    same = diagnose_run(out, max_samples=10**6, write=False)  # above the union: every sample, same figures
+    assert same["accuracy"] == full["accuracy"] and same["layers"] == full["layers"]
+    lines: list[str] = []
+    part = diagnose_run(out, max_samples=40, write=False, progress=lines.append)
+    assert 36 <= part["exact_samples"] <= 44 and part["train_samples"] == full["train_samples"]  # rounding per client
+    assert part["accuracy"]["as_evaluated"] == full["accuracy"]["as_evaluated"]  # only the exact pass is subsampled
+    assert part["layers"] != full["layers"]
+    again = diagnose_run(out, max_samples=40, write=False)
+    assert again["accuracy"] == part["accuracy"] and again["layers"] == part["layers"]  # seeded
+    assert [line for line in lines if line.startswith("  layer")] == ["  layer 1/3 (features.1)", "  layer 2/3 (features.5)", "  layer 3/3 (features.9)"]
+    assert f"exact statistics of {part['exact_samples']} of {part['train_samples']}" in format_diagnosis(part)

@@ -96,10 +96,12 @@ class Diagnostics:
             out["diag/round_seconds"] = round_seconds
         return out
 
-    def statistics(self, sim: Any, client_x: list[torch.Tensor]) -> dict[str, float]:
-        """Statistics mismatch (clients and aggregate vs exact) and the recalibrated accuracy."""
+    def statistics(self, sim: Any, client_x: list[torch.Tensor], progress: Any = None) -> dict[str, float]:
+        """Statistics mismatch (clients and aggregate vs exact) and the recalibrated accuracy;
+        ``progress`` goes to :func:`exact_statistics`."""
         model = sim.global_model(sim.global_state)
-        exact = exact_statistics(model, client_x, batch_size=self.batch_size, channels_last=sim.spec.channels_last)
+        exact = exact_statistics(model, client_x, batch_size=self.batch_size, channels_last=sim.spec.channels_last,
+                                 progress=progress)
         sizes = torch.tensor([float(len(x)) for x in client_x], dtype=torch.float64)
         out: dict[str, float] = {}
         recalibrated = dict(sim.global_state)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -86,7 +86,8 @@ class _Stop(Exception):
 
 
 def exact_statistics(
-    model: nn.Module, client_x: Sequence[torch.Tensor], *, batch_size: int = 512, channels_last: bool = False
+    model: nn.Module, client_x: Sequence[torch.Tensor], *, batch_size: int = 512, channels_last: bool = False,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> ExactStatistics:
     """Exact union statistics of every normalization layer's input (see the module docstring).
 
@@ -100,6 +101,8 @@ def exact_statistics(
         client_x: each client's inputs (empty tensors allowed).
         batch_size: chunk size of the passes (does not change the result beyond float rounding).
         channels_last: feed 4-D batches channels-last (faster convolutions and pooling on CPU).
+        progress: called as ``progress(k, L, layer)`` after the k-th of the L passes (a deep
+            network's passes over a large union take minutes on a CPU).
     """
     net = copy.deepcopy(model)
     layers = dict(norm_layers(net))
@@ -145,6 +148,8 @@ def exact_statistics(
             union[target] = Moments(total, mu, var)
             clients[target] = per_client
             _set_statistics(layers[target], union[target])
+            if progress is not None:
+                progress(len(union), len(layers), target)
     finally:
         for h in handles:
             h.remove()
