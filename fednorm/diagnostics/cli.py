@@ -44,9 +44,11 @@ def command(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"fednorm diagnose: {line}", file=sys.stderr, flush=True)
 
+    previous = (args.run_dir / DIAGNOSIS_FILE).is_file()
     result = diagnose_run(args.run_dir, resample=args.resample, max_samples=args.max_samples, data_dir=args.data_dir,
                           device=args.device, progress=say)
     print(json.dumps(result, indent=2) if args.json else format_diagnosis(result))
     if not args.json:
-        print(f"written: {args.run_dir / DIAGNOSIS_FILE} ({result['seconds']:.1f} s)")
+        replaced = " (replacing the previous diagnosis)" if previous else ""
+        print(f"written: {args.run_dir / DIAGNOSIS_FILE}{replaced} ({result['seconds']:.1f} s)")
     return 0

@@ -101,6 +101,8 @@ def test_diagnose_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["diagnose", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "as the run evaluated" in printed and "exact - as evaluated" in printed and (out / DIAGNOSIS_FILE).is_file()
+    assert main(["diagnose", str(out)]) == 0  # a second diagnosis says that it replaced the first
+    assert "replacing the previous diagnosis" in capsys.readouterr().out
     assert main(["diagnose", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["round"] == 1
     assert main(["diagnose", str(tmp_path / "missing")]) == 2
