@@ -100,6 +100,15 @@ def _subsample(sim: Any, max_samples: int | None) -> tuple[list[Any], int, int]:
     return keep, sum(len(x) for x in keep), total
 
 
+def _by_layer(figures: dict[str, float], strip: str = "") -> dict[str, dict[str, float]]:
+    """``diag/<group>/<stat>/<layer>`` metrics -> ``{layer: {stat: value}}``."""
+    out: dict[str, dict[str, float]] = {}
+    for key, value in figures.items():
+        _, _, stat, layer = key.split("/", 3)
+        out.setdefault(layer, {})[stat.removeprefix(strip)] = value
+    return out
+
+
 def diagnose_run(
     run_dir: str | Path,
     *,
@@ -157,17 +166,9 @@ def diagnose_run(
         accuracy["global_buffers"] = figures.pop("diag/acc/aggregated")
         accuracy["exact"] = figures.pop("diag/acc/recalibrated")
         figures.pop("diag/acc/gap")
-        for key, value in figures.items():
-            _, _, stat, layer = key.split("/", 3)
-            layers.setdefault(layer, {})[stat] = value
-    weights: dict[str, dict[str, float]] = {}
-    for key, value in diag.hbn_batch_weights(sim).items():
-        _, _, stat, layer = key.split("/", 3)
-        weights.setdefault(layer, {})[stat.removeprefix("batch_weight_")] = value
-    spread: dict[str, dict[str, float]] = {}
-    for key, value in diag.local_spread(sim).items():
-        _, _, stat, layer = key.split("/", 3)
-        spread.setdefault(layer, {})[stat] = value
+        layers = _by_layer(figures)
+    weights = _by_layer(diag.hbn_batch_weights(sim), strip="batch_weight_")
+    spread = _by_layer(diag.local_spread(sim))
     if resample > 0 and hasattr(method, "synced_state"):
         say(f"the method's re-sync with {resample} other client samples")
     result = {
