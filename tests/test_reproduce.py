@@ -490,10 +490,16 @@ def test_export_checkpoints_needs_export(capsys) -> None:
     assert "--export DIR" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("paper_rounds, kept", [(10, True), (3, False)])
-def test_export_keeps_the_checkpoint_of_a_stated_fraction(tmp_path: Path, paper_rounds: int, kept: bool) -> None:
+@pytest.mark.parametrize("paper_rounds, limit, kept", [
+    (10, 0, True),   # a stated fraction: kept whatever its size, to be extended
+    (3, 0, False),   # finished at the paper's rounds and over the limit: the records are the result
+    (3, 5, True),    # finished and small: kept for `fednorm diagnose`
+    (3, 4, False),   # one byte over the limit
+])
+def test_export_keeps_the_checkpoint_of_a_stated_fraction_or_a_small_finished_run(
+        tmp_path: Path, paper_rounds: int, limit: int, kept: bool) -> None:
     """A full-scale run finished at --rounds 3 of the paper's 10 will be extended: its checkpoint
-    is exported; at the paper's rounds the records are the result and it is not."""
+    is exported; at the paper's rounds it goes along only when it is at most the limit."""
     from fednorm.reproduce.export import export_runs
 
     run = tmp_path / "work" / "t" / "row__col" / "seed0"
@@ -502,7 +508,10 @@ def test_export_keeps_the_checkpoint_of_a_stated_fraction(tmp_path: Path, paper_
     (run / "metrics.jsonl").write_text("".join(json.dumps({"round": r}) + "\n" for r in (1, 2, 3)))
     (run / "summary.json").write_text(json.dumps({"status": "completed", "rounds": 3}))
     (run / runner.RECORD_NAME).write_text(json.dumps({"scale": "full", "paper_rounds": paper_rounds}))
-    (run / "checkpoint.pt").write_bytes(b"state")
-    done = export_runs(tmp_path / "work", tmp_path / "dest", checkpoints=True)
+    (run / "checkpoint.pt").write_bytes(b"state")  # 5 bytes
+    target = tmp_path / "dest" / "t" / "row__col" / "seed0" / "checkpoint.pt"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"stale")  # an earlier export's: replaced, or removed with the run finished
+    done = export_runs(tmp_path / "work", tmp_path / "dest", checkpoints=True, finished_limit=limit)
     assert len(done.copied) == 1
-    assert (tmp_path / "dest" / "t" / "row__col" / "seed0" / "checkpoint.pt").is_file() == kept
+    assert target.is_file() == kept and (done.checkpoints == [target]) == kept

@@ -60,7 +60,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "is left alone")
     p.add_argument("--export-checkpoints", action="store_true",
                    help="with --export: unfinished runs take their checkpoint along, so a later session resumes them "
-                   "from a copy of DIR (--out COPY)")
+                   "from a copy of DIR (--out COPY); finished runs take theirs when it is at most 5 MB, so that "
+                   "`fednorm diagnose` works on the exported record")
     p.add_argument("--no-plots", action="store_true", help="write report.md and results.json without plots")
     p.add_argument("--quiet", action="store_true", help="no per-round progress bar (the per-run lines stay)")
     return p

@@ -3,9 +3,11 @@
 A full-scale suite runs for days in short sessions on machines that do not keep their disks. What
 must survive is what the report reads (each run's config, every evaluation, the summary and the
 invocation record, the curve) and, for a run that has not finished, its checkpoint, so that the
-next session resumes it from a copy of the exported folder instead of starting again. Checkpoints
-of finished runs are not exported (the records are the result) and are removed from the
-destination once their run finishes there.
+next session resumes it from a copy of the exported folder instead of starting again. A finished
+run's checkpoint goes along only while it is small (``FINISHED_CHECKPOINT_LIMIT``): the records are
+the result, but with the final weights beside them ``fednorm diagnose`` can still ask where a
+committed figure comes from; a large one (a model with per-client optimizer state) is removed from
+the destination once its run finishes there.
 """
 
 from __future__ import annotations
@@ -17,18 +19,21 @@ from pathlib import Path
 
 from .runner import RECORD_NAME
 
-__all__ = ["RECORD_FILES", "CHECKPOINT", "ExportResult", "export_runs"]
+__all__ = ["RECORD_FILES", "CHECKPOINT", "FINISHED_CHECKPOINT_LIMIT", "ExportResult", "export_runs"]
 
 #: The files of a run directory that make its result (what the report and a reader need).
 RECORD_FILES = ("config.yaml", "metrics.jsonl", "summary.json", RECORD_NAME, "partition.json", "accuracy.png")
 CHECKPOINT = "checkpoint.pt"
+#: Bytes up to which a finished run's checkpoint is exported (the CNNs of HBN, FedTAN and LN are 0.6-3 MB;
+#: FBN's and FedBN's, with every client's momentum, 40-58 MB, too large to commit).
+FINISHED_CHECKPOINT_LIMIT = 5 * 1024 * 1024
 
 
 @dataclass
 class ExportResult:
     copied: list[Path] = field(default_factory=list)  # run directories written in the destination
     kept: list[Path] = field(default_factory=list)  # destination runs further along than the source: left alone
-    checkpoints: list[Path] = field(default_factory=list)  # checkpoints of unfinished runs now in the destination
+    checkpoints: list[Path] = field(default_factory=list)  # checkpoints now in the destination
 
 
 def _read(path: Path) -> dict:
@@ -58,14 +63,17 @@ def _run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.glob("*/*/seed*/config.yaml") if not p.parts[len(root.parts)].startswith("_"))
 
 
-def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = False) -> ExportResult:
+def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = False,
+                finished_limit: int = FINISHED_CHECKPOINT_LIMIT) -> ExportResult:
     """Copy every run's records from the suite folder ``source`` into ``dest`` (same layout).
 
     A run already in ``dest`` that is further along (more rounds recorded, or as many and
     finished there) is left alone, so exporting an older working copy never loses a result. With
     ``checkpoints``, the ``checkpoint.pt`` of an unfinished run, or of a full-scale run that has
     stopped short of the paper's rounds (a stated fraction, to be extended), goes along (resume
-    by running the same ``fednorm reproduce`` command with ``--out`` on a copy of ``dest``).
+    by running the same ``fednorm reproduce`` command with ``--out`` on a copy of ``dest``); a
+    finished run's goes along when it is at most ``finished_limit`` bytes (for ``fednorm
+    diagnose``; 0 keeps none).
     """
     source, dest = Path(source).resolve(), Path(dest).resolve()
     result = ExportResult()
@@ -90,8 +98,10 @@ def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = Fal
         # A full-scale run stopped at a stated fraction (--rounds) is finished for now but will be
         # extended: it keeps its checkpoint until it has the paper's rounds.
         partial = record.get("scale") == "full" and rounds < int(record.get("paper_rounds") or 0)
-        if checkpoints and (not finished or partial) and (run / CHECKPOINT).is_file():
-            shutil.copy2(run / CHECKPOINT, stale)
+        source_ckpt = run / CHECKPOINT
+        small = source_ckpt.is_file() and source_ckpt.stat().st_size <= finished_limit
+        if checkpoints and source_ckpt.is_file() and (not finished or partial or small):
+            shutil.copy2(source_ckpt, stale)
             result.checkpoints.append(stale)
         elif stale.is_file():
             stale.unlink()
