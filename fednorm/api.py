@@ -191,8 +191,8 @@ def run(
     (``summary["status"] == "interrupted"``, the signal in ``RunResult.stop_signal``); a second
     one stops at once. Resuming with fewer ``rounds`` than the checkpoint has run is refused.
     """
-    from .engine.checkpoint import load_latest, save_checkpoint
-    from .errors import ConfigError, DivergenceError, RoundFailedError
+    from .engine.checkpoint import load_latest
+    from .errors import ConfigError
 
     checkpoint = None
     if resume is not None:
@@ -216,6 +216,20 @@ def run(
         write = True
     else:
         cfg = resolve_config(config, **overrides)
+    # The handler is in place before the data load (minutes for a large dataset), so a SIGTERM
+    # then still ends in an interrupted run with a checkpoint rather than a killed process.
+    with _StopRequest() as stop:
+        return _execute(cfg, checkpoint, stop, data=data, write=write, progress=progress, simulation=simulation,
+                        on_round=on_round, callbacks=callbacks)
+
+
+def _execute(cfg: ExperimentConfig, checkpoint: dict[str, Any] | None, stop: _StopRequest, *, data: FederatedData | None,
+             write: bool, progress: bool | None, simulation: Callable[..., Simulation],
+             on_round: Callable[[Any, Simulation], None] | None, callbacks: Sequence[Any]) -> RunResult:
+    """The body of :func:`run` once the config is resolved: build, train, evaluate, write."""
+    from .engine.checkpoint import save_checkpoint
+    from .errors import DivergenceError, RoundFailedError
+
     check_device(cfg.device)
     from .tracking import as_callbacks, build_loggers, call_all
     from .tracking.partition import PartitionRecord
@@ -251,7 +265,10 @@ def run(
     bar = tqdm(total=cfg.rounds, initial=sim.server_round, desc=f"{cfg.method}+{cfg.norm}", unit="round",
                disable=(None if progress is None else not progress) if sim.is_main else True, leave=False)
     try:
-        with _StopRequest() as stop:
+        # a signal while the data loaded stops the run before its first round, with a checkpoint
+        if sim.agree_to_stop(stop.requested):
+            status, stop_signal = "interrupted", stop.signal
+        else:
             for record in sim.rounds():
                 bar.update(1)
                 post = {"loss": f"{record.train_loss:.3f}"}

@@ -161,6 +161,30 @@ def test_an_interrupted_run_exits_128_plus_the_signal_after_its_checkpoint(sig, 
     assert main(["run", "--resume", str(out), "--rounds", "3", "--quiet"]) == 0
 
 
+def test_a_signal_while_the_data_loads_stops_before_the_first_round_with_a_checkpoint(tmp_path, monkeypatch, capsys):
+    """SIGTERM while the clients' data is built (minutes for a large dataset) used to kill the
+    process with no run directory; now the run stops before round 1, as an interrupted run that
+    resumes to the numbers of an uninterrupted one."""
+    from fednorm.engine.simulator import Simulation
+
+    original = Simulation.__init__
+
+    def loading(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while the data and model are being built
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Simulation, "__init__", loading)
+    out = tmp_path / "r"
+    assert _run(out, rounds=2) == 143
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds"] == 0
+    assert load_latest(out)["server_round"] == 0 and read_metrics(out) == []
+    monkeypatch.setattr(Simulation, "__init__", original)
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    assert _run(tmp_path / "ref", "--quiet", rounds=2) == 0
+    assert _no_time(read_metrics(out)) == _no_time(read_metrics(tmp_path / "ref"))
+
+
 def test_an_interrupted_compare_writes_the_finished_variants_and_exits_130(tmp_path, monkeypatch, capsys):
     out = tmp_path / "c"
     original = progress_mod.ProgressLines.__call__
