@@ -264,6 +264,10 @@ class Simulation:
             return SequentialExecutor(*args)
 
     # -- one round --------------------------------------------------------------------------
+    def all_clients(self) -> list[int]:
+        """Every client of the federation, in order."""
+        return list(range(self.config.num_clients))
+
     def sample_clients(self, server_round: int) -> list[int]:
         """The round's clients: all, or a seeded sample without replacement (sorted)."""
         k, m = self.config.num_clients, self.config.sampled_per_round

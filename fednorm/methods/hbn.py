@@ -93,8 +93,13 @@ class HBN(FedAvg):
         initial_pass: a statistics-only exchange under the initial weights before round 1, whose
             pool is the first (so round 1 trains with real statistics instead of (0, 1)).
         stats_batch_size: chunk size of the statistics pass. (default: 512)
-        eval_resync: recompute the statistics of the round's clients under the new weights
-            before evaluating (the paper's protocol). (default: True)
+        eval_resync: the statistics an evaluation normalises with. ``"round"`` (or True): the
+            round's clients recompute theirs under the new weights, pooled (the paper's
+            protocol; at strong label skew it depends on which clients answered, by up to 10
+            points at Dir(0.1), docs/hbn.md); ``"all"``: every client does (the exact statistics
+            of the clients' union under ``stats_samples="all"``, a statistics pass over the whole
+            training set per evaluation); ``"off"`` (or False): the global buffers.
+            (default: "round")
         final_sync: run the statistics-only round T+1 after training (paper: True; the code has
             no such round: False).
         weighting: FedAvg weights. (default: "num_examples", as the code)
@@ -131,7 +136,7 @@ class HBN(FedAvg):
         stats_init: Literal["zeros_ones", "first_round", "debiased"] | None = None,
         initial_pass: bool | None = None,
         stats_batch_size: int = 512,
-        eval_resync: bool = True,
+        eval_resync: bool | Literal["round", "all", "off"] = "round",
         final_sync: bool | None = None,
         weighting: Literal["num_examples", "uniform"] = "num_examples",
     ) -> None:
@@ -159,6 +164,10 @@ class HBN(FedAvg):
         for arg, (value, valid) in choices.items():
             if value not in valid:
                 raise ConfigError(f"Unknown value '{value}' for argument {arg}. Valid values are {{{', '.join(valid)}}}")
+        resync = {True: "round", False: "off"}[eval_resync] if isinstance(eval_resync, bool) else eval_resync
+        if resync not in ("round", "all", "off"):
+            raise ConfigError(f"Unknown value '{eval_resync}' for argument eval_resync. Valid values are {{round, all, off}} "
+                              "(or true / false)")
         if not (isinstance(stats_batch_size, int) and stats_batch_size >= 2):
             raise ConfigError(f"stats_batch_size must be an integer >= 2, got {stats_batch_size!r}")
         if stats_samples != "all" and not (isinstance(stats_max_samples, int) and stats_max_samples >= 2):
@@ -175,7 +184,7 @@ class HBN(FedAvg):
         self.stats_augment = bool(stats_augment)
         self.initial_pass = bool(base["initial_pass"] if initial_pass is None else initial_pass)
         self.stats_batch_size = stats_batch_size
-        self.eval_resync = eval_resync
+        self.eval_resync = resync
         self.final_sync = bool(final_sync)
         self.layers: list[str] = []
         self._last_round_clients: list[int] = []
@@ -420,10 +429,11 @@ class HBN(FedAvg):
         return state
 
     def evaluation_state(self, sim: ServerView) -> dict[str, torch.Tensor]:
-        """The round's clients' statistics under the new weights, pooled with lambda = 1 (§4.1)."""
-        if not self.eval_resync or not self._last_round_clients:
+        """The round's (or every) clients' statistics under the new weights, pooled with
+        lambda = 1 (§4.1); the global buffers with ``eval_resync="off"`` or before round 1."""
+        if self.eval_resync == "off" or not self._last_round_clients:
             return sim.global_state
-        return self.synced_state(sim, self._last_round_clients)
+        return self.synced_state(sim, sim.all_clients() if self.eval_resync == "all" else self._last_round_clients)
 
     def initial_state(self, sim: ServerView) -> dict[str, torch.Tensor] | None:
         """``initial_pass``: a statistics-only exchange before round 1 (the mirror of round T+1),

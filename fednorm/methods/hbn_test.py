@@ -240,6 +240,33 @@ def test_final_statistics_round_describes_the_final_weights(tmp_path):
     assert 0 <= res.summary["final_sync"]["test_accuracy"] <= 1
 
 
+@pytest.mark.parametrize("resync", ["round", "all", "off", True, False])
+def test_evaluation_statistics_follow_eval_resync(resync):
+    """``all``: every client's statistics under the new weights, pooled by Eq. 8 (lambda = 1),
+    against numpy on the clients' activations; ``round`` (True, the paper): the round's 2 of 4
+    clients only; ``off`` (False): the global buffers."""
+    sim = _sim(clients_per_round=2, method_args={"preset": "paper", "stats_mode": "eval", "eval_resync": resync})
+    record = sim.step()
+    state = sim.method.evaluation_state(sim)
+    if resync in ("off", False):
+        assert all(torch.equal(state[k], v) for k, v in sim.global_state.items())
+        return
+    clients = range(4) if resync == "all" else record.client_ids
+    model = copy.deepcopy(sim.model)
+    model.load_state_dict(sim.global_state)
+    acts = [_layer_inputs_np(model, sim.data.train_x[sim.data.client_train[c]]) for c in clients]
+    for name in sim.method.layers:
+        mu, var = _eq8_numpy([a[name] for a in acts], "samples")
+        np.testing.assert_allclose(state[f"{name}.running_mean"].numpy(), mu, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(state[f"{name}.running_var"].numpy(), var, rtol=1e-10, atol=1e-12)
+    assert sim.method.hparams()["eval_resync"] == ("all" if resync == "all" else "round")
+
+
+def test_eval_resync_rejects_an_unknown_value():
+    with pytest.raises(ConfigError, match="eval_resync"):
+        _sim(method_args={"eval_resync": "some"})
+
+
 def test_resync_uses_the_same_samples_and_the_clients_own_alpha():
     """Under global_init the evaluation re-sync runs the client's statistics pass with its *own*
     alpha (the code's buffer_update loads buffer_w) on the round pass's samples (first 64 by class)."""
