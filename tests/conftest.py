@@ -9,9 +9,11 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 # Tests are timing-free but should not oversubscribe the 2-core CI machine. Two intra-op threads
 # help on an idle machine and are ruinous on a busy one (a tiny digits run: 0.7 s with one thread,
 # 54 s with two at load 4), so take one thread when the cores are already in use.
+# Under pytest-xdist (the README's command runs one worker per core) each worker takes its share.
 _cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
 _busy = hasattr(os, "getloadavg") and os.getloadavg()[0] > _cpus - 1
-torch.set_num_threads(1 if _busy else min(2, _cpus))
+torch.set_num_threads(1 if _busy else max(1, min(2, _cpus // _workers)))
 
 
 @pytest.fixture
@@ -19,3 +21,9 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared benchmark data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests marked slow (tens of seconds to minutes: Flower daemons, torch.distributed
+    launches) run first, so that pytest-xdist's workers are not left with one each at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -120,6 +120,7 @@ LAUNCH_ARGS = ["--dataset", "digits", "--num-clients", "4", "--rounds", "4", "--
                "--dtype", "float64", "--augment", "false", "--checkpoint-every", "1", "--seed", "5", "--quiet"]
 
 
+@pytest.mark.slow
 def test_launch_survives_a_dead_rank_with_a_resumable_checkpoint(tmp_path):
     from fednorm.engine.checkpoint import load_latest
 
@@ -141,6 +142,7 @@ def test_launch_survives_a_dead_rank_with_a_resumable_checkpoint(tmp_path):
     _close(summary["final_test_loss"], reference.summary["final_test_loss"], "loss")
 
 
+@pytest.mark.slow
 def test_launch_fails_fast_when_a_rank_hangs(tmp_path):
     hung = _launch("--nproc", "2", "--timeout", "5", *LAUNCH_ARGS, "--out", str(tmp_path / "run"),
                    env_extra={"FEDNORM_KILL_RANK_AT_ROUND": "1:2:hang"}, timeout=240)
@@ -148,12 +150,14 @@ def test_launch_fails_fast_when_a_rank_hangs(tmp_path):
     assert "resume" in hung.stderr, hung.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_lockstep_method_rejects_a_rank_without_clients(tmp_path):
     bad = _launch("--nproc", "3", *LAUNCH_ARGS[:-1], "--method", "fedtan", "--num-clients", "2", "--out", str(tmp_path / "r"))
     assert bad.returncode != 0
     assert "hosts no non-empty client" in bad.stderr, bad.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how, status", [("ctrl-c", 130), ("sigterm", 143)])
 def test_an_interrupted_launch_stops_after_a_round_without_a_traceback(tmp_path, how, status):
     """A Ctrl-C reaches the launcher's process group, a scheduler's SIGTERM the launcher alone;

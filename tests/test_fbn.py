@@ -14,6 +14,7 @@ BASE = dict(dataset="digits", model="fedbn_cnn", partition="gamma", gamma=0.0, n
             lr=0.1, momentum=0.9, threads=1, checkpoint_every=0, eval_every=1000)
 
 
+@pytest.mark.slow
 def test_fbn_dsgd_learns_at_one_class_per_client_and_shared_stats_match_the_layers(tmp_path):
     sim = Simulation(ExperimentConfig(**BASE, method="fbn", norm="fbn", rounds=80, out=str(tmp_path)))
     list(sim.rounds())
@@ -36,6 +37,7 @@ def test_median_of_two_clients_is_fedavg_uniform(tmp_path):
         torch.testing.assert_close(b.global_state[k], v, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_sign_flip_on_statistics_through_the_simulator(tmp_path):
     """Naive BN, one round, f = 2 sign-flipping clients besides 5 honest ones: the averaged running
     mean is (5 − 2)/7 of the honest mean (the documented perturbation); with the median it is the

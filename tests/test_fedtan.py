@@ -136,6 +136,7 @@ def _centralized_gd(sim, rounds, lr):
     return ref.state_dict()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,model_args", [("mlp", {"hidden": 32}), ("resnet20", {})])
 def test_fedtan_full_batch_rounds_equal_centralized_gradient_descent(model, model_args):
     """T7: one synchronised full-batch step per round on unequal, label-skewed clients reproduces

@@ -320,6 +320,7 @@ def test_records_round_trip_keeps_dtypes_and_bfloat16():
 
 # -- 2. Flower's simulation engine (Ray) ---------------------------------------------------------
 
+@pytest.mark.slow
 def test_flower_simulation_engine_gives_the_simulators_metrics():
     pytest.importorskip("ray")
     from fednorm.flower import run_simulation
@@ -526,6 +527,7 @@ def _deployed_run(tmp_path: Path, cfg: ExperimentConfig, *, tls: bool = False, a
     return _metrics(read_metrics(out), summary)
 
 
+@pytest.mark.slow
 @needs_daemons
 def test_flwr_run_on_a_simulation_superlink_gives_the_simulators_metrics(tmp_path):
     """The same app directory on Flower's simulation runtime (`flower-superlink --simulation`,
@@ -535,12 +537,14 @@ def test_flwr_run_on_a_simulation_superlink_gives_the_simulators_metrics(tmp_pat
     _close(_deployed_run(tmp_path, cfg, simulation=True), _reference(cfg), "flwr run --simulation")
 
 
+@pytest.mark.slow
 @needs_daemons
 def test_deployment_superlink_and_two_supernodes_give_the_simulators_metrics(tmp_path):
     cfg = _config("fedbn", eval_every=2)  # 4 exchanges: train, train, evaluate, collect the local state
     _close(_deployed_run(tmp_path, cfg, tls=False), _reference(cfg), "deployment")
 
 
+@pytest.mark.slow
 @needs_daemons
 def test_deployment_with_tls_and_supernode_authentication(tmp_path):
     cfg = _config("scaffold+fedadam, 3 of 5")  # 3 exchanges: train, train, collect the local state

@@ -96,6 +96,7 @@ def test_compare_writes_table_and_plot(tmp_path):
         assert not math.isnan(r.summary["final_test_accuracy"])
 
 
+@pytest.mark.slow
 def test_the_first_command_shows_batchnorm_failing(tmp_path):
     """Issue 17.8: `fednorm compare` with no arguments must show the failure the library fixes.
     Its setting (label skew at batch 4) puts FedAvg with averaged BatchNorm statistics below a

@@ -103,6 +103,7 @@ def test_fbn_step_sums_give_eq_9_10_of_the_clients_own_copies_in_float64() -> No
         torch.testing.assert_close(got[k], v, rtol=0, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_secagg_on_the_simulation_engine_equals_the_plain_aggregate_to_quantization_error() -> None:
     pytest.importorskip("ray")
     from fednorm.api import run
@@ -120,6 +121,7 @@ def test_secagg_on_the_simulation_engine_equals_the_plain_aggregate_to_quantizat
     assert result.summary["flower_exchanges"] >= 5  # the train message and SecAgg+'s four stages
 
 
+@pytest.mark.slow
 def test_hbn_under_secagg_pools_its_statistics_from_the_secure_sums() -> None:
     pytest.importorskip("ray")
     from fednorm.api import run
@@ -140,6 +142,7 @@ def test_hbn_under_secagg_pools_its_statistics_from_the_secure_sums() -> None:
     assert result.summary["flower_exchanges"] >= 10  # train + 4 stages, query + 4 stages
 
 
+@pytest.mark.slow
 def test_fbn_under_secagg_on_the_simulation_engine() -> None:
     pytest.importorskip("ray")
     from fednorm.api import run
