@@ -37,6 +37,9 @@ CASES: dict[str, dict] = {
                                                          server_opt_args={"server_lr": 0.01}),
     "fedbn": dict(method="fedbn", norm="bn"),
     "hbn": dict(method="hbn", norm="hbn", batch_size=16),
+    # the evaluation's statistics pass asks every client, on both ranks, not only the round's
+    "hbn, 3 of 5 clients, eval_resync all": dict(method="hbn", norm="hbn", batch_size=16, clients_per_round=3,
+                                                 method_args={"eval_resync": "all"}),
     "fbn": dict(method="fbn", norm="fbn", dsgd=True, batch_size=16, lr=0.3, rounds=20, eval_every=10),
     "fedtan": dict(method="fedtan", norm="bn", local_steps=3, batch_size=16, momentum=0.0),
 }

@@ -52,6 +52,8 @@ CASES: dict[str, dict] = {
 # Every other round-based family once more (equivalence only: 2-3 rounds need not learn here).
 MORE_CASES: dict[str, dict] = {
     "silobn": dict(method="silobn", norm="bn"),
+    "hbn, 3 of 5, eval_resync all": dict(method="hbn", norm="hbn", batch_size=16, clients_per_round=3,
+                                        method_args={"eval_resync": "all"}),
     "fixbn": dict(method="fixbn", norm="bn", method_args={"switch_round": 1}),
     "fedavg+ln+fedprox": dict(method="fedavg", norm="ln", client_opt="fedprox"),
     "fedavg+fn+moon+fedavgm": dict(method="fedavg", norm="fn", model="simple_cnn", model_args={}, client_opt="moon",
