@@ -13,6 +13,7 @@ from fednorm.engine.simulator import Simulation
 CASES = {
     "fbn": dict(method="fbn", norm="fbn"),
     "fbn_literal": dict(method="fbn", norm="fbn", method_args={"mode": "literal"}),
+    "fbn_round_average": dict(method="fbn", norm="fbn", method_args={"mode": "round_average", "initial_pass": False}),
     "robust_fbn": dict(method="fbn", norm="fbn", aggregator="median"),
     "fixbn": dict(method="fixbn", norm="bn", method_args={"switch_round": 1}),  # round 2 frozen
     "hbn": dict(method="hbn", norm="hbn"),  # default preset: initial pass, debiased EMA, local alpha

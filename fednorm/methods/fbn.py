@@ -26,6 +26,14 @@ Design choices (spec §4, §8.4, §10; docs/fbn.md):
   - ``literal`` (``fbn_literal``): the client applies steps 5–6 E times from the shared
     statistics and uploads the result; the server applies Eq. 9–10 once. Exact only for E = 1:
     the between-client term then mixes E steps, so the β-correction is no longer exact.
+  - ``round_average``: the FBN baseline of HBN's released code (spec/000_hbn.md §2.4,
+    ``FedBaseline/models/FBN``), which made HBN Table 1's FBN row. The client uploads the
+    uniform average of its round's per-batch means and biased variances; the server pools them
+    with count weights, μ = Σ N_k μ_k / N, and moves the shared statistics a momentum step
+    toward them, then computes σ² = Σ N_k [σ_k² + (μ_k − μ̃)²] / (N − 1) about the *smoothed*
+    mean μ̃ (as the code does) and moves the variance the same way. Not centralized BatchNorm
+    for any E; every batch of the round counts, where ``literal`` keeps mostly the last few.
+    N_k is the client's number of training samples (``num_examples``, the code's dataset size).
 * **Robust FBN** (``aggregator``/``nnm`` in the config; spec §8.4 [rec], two-stage rule):
   ``ū_run = Agg(NNM(ū_run^(i)))`` over each client's vector of all layers' means, then
   ``σ̂²_run = max(Agg(NNM(v_i)), 0)`` with the per-client corrected variance
@@ -103,8 +111,9 @@ class FBN(FedAvg):
     """Federated BatchNorm: shared running statistics, exact aggregation (Eq. 9–10), optionally robust.
 
     Args:
-        mode: ``"exact"`` (replay the centralized EMA over the round's steps) or ``"literal"``
-            (Algorithm 2 applied once per round to E-step local copies); identical under DSGD.
+        mode: ``"exact"`` (replay the centralized EMA over the round's steps), ``"literal"``
+            (Algorithm 2 applied once per round to E-step local copies; identical under DSGD) or
+            ``"round_average"`` (HBN's code: per-round averages, one server EMA step per round).
             (default: ``"exact"``)
         robust_variance: robust rule for the variance: ``"two_stage"`` (aggregate the
             per-client corrected variances, spec §8.4 [rec]) or ``"literal"``. (default:
@@ -124,7 +133,7 @@ class FBN(FedAvg):
 
     def __init__(
         self,
-        mode: Literal["exact", "literal"] = "exact",
+        mode: Literal["exact", "literal", "round_average"] = "exact",
         robust_variance: Literal["two_stage", "literal"] = "two_stage",
         weighting: Literal["num_examples", "uniform"] = "num_examples",
         initial_pass: bool | Literal["auto"] = "auto",
@@ -137,8 +146,8 @@ class FBN(FedAvg):
             raise ConfigError(f"stats_batch_size must be at least 2, got {stats_batch_size}")
         self.initial_pass = initial_pass
         self.stats_batch_size = stats_batch_size
-        if mode not in ("exact", "literal"):
-            raise ConfigError(f"Unknown value '{mode}' for argument mode. Valid values are {{exact, literal}}")
+        if mode not in ("exact", "literal", "round_average"):
+            raise ConfigError(f"Unknown value '{mode}' for argument mode. Valid values are {{exact, literal, round_average}}")
         if robust_variance not in ("two_stage", "literal"):
             raise ConfigError(
                 f"Unknown value '{robust_variance}' for argument robust_variance. Valid values are {{two_stage, literal}}"
@@ -226,6 +235,9 @@ class FBN(FedAvg):
         if self.mode == "exact":
             mean, var = fbn_local_update(mu0, var0, means, variances, beta)  # every step from the round-start statistics
             return {f"fbn.{name}.count": counts, f"fbn.{name}.mean": mean, f"fbn.{name}.var": var}
+        if self.mode == "round_average":  # HBN's code: the uniform average over the round's batches
+            return {f"fbn.{name}.count": counts.double().sum().reshape(1), f"fbn.{name}.mean": means.double().mean(0, keepdim=True),
+                    f"fbn.{name}.var": variances.double().mean(0, keepdim=True)}
         mean, var = mu0, var0
         for m, v in zip(means, variances):
             mean, var = fbn_local_update(mean, var, m, v, beta)
@@ -272,6 +284,7 @@ class FBN(FedAvg):
         L statistics-only exchanges, each recomputing every layer under the statistics set by
         the previous one, so after L passes every layer holds the unbiased statistics of its
         input under the normalisation the model will train with."""
+        self._check_mode()
         use = (not sim.config.dsgd) if self.initial_pass == "auto" else bool(self.initial_pass)
         if not use:
             return None
@@ -308,6 +321,8 @@ class FBN(FedAvg):
 
     def aggregate_statistics(self, global_state: dict[str, torch.Tensor], updates: ClientUpdates) -> dict[str, torch.Tensor]:
         """The new shared statistics of every FBN layer (Eq. 9–10, per step, replayed in ``exact`` mode)."""
+        if self.mode == "round_average":
+            return self._round_average_statistics(global_state, updates)
         ex = updates.extras
         first = self.layers[0]
         num_rows = ex[f"fbn.{first}.count"].shape[1]
@@ -341,6 +356,36 @@ class FBN(FedAvg):
         for n in self.layers:
             for key, value in ((f"{n}.running_mean", mean[n]), (f"{n}.running_var", var[n].clamp_min(0.0))):
                 out[key] = value.to(global_state[key].dtype)
+        return out
+
+    def _check_mode(self) -> None:
+        if self.mode == "round_average" and self.stats_aggregator is not None and not self.stats_aggregator.is_mean:
+            raise ConfigError(
+                "FBN mode 'round_average' (HBN's code) has no robust rule: robust FBN (spec/002_fbn.md §8.4) is defined "
+                "on Algorithm 2's local copies; use mode 'exact' or 'literal', or robust_targets: updates"
+            )
+
+    def _round_average_statistics(self, global_state: dict[str, torch.Tensor], updates: ClientUpdates) -> dict[str, torch.Tensor]:
+        """HBN's code (``FedBaseline/models/FBN/server.py``): count-pooled round averages, one EMA step."""
+        self._check_mode()
+        ex = updates.extras
+        out = {}
+        for n in self.layers:
+            keep = ex[f"fbn.{n}.count"][:, 0] > 0  # a client that took no step sends nothing (the code skips it)
+            count = updates.num_examples.to(keep.device).double()  # the code's weights: the clients' dataset sizes
+            mu0, var0 = global_state[f"{n}.running_mean"], global_state[f"{n}.running_var"]
+            total = count[keep].sum()
+            if float(total) < 2:
+                out[f"{n}.running_mean"], out[f"{n}.running_var"] = mu0.clone(), var0.clone()
+                continue
+            w = count[keep].unsqueeze(-1)
+            lm, lv = ex[f"fbn.{n}.mean"][keep, 0].double(), ex[f"fbn.{n}.var"][keep, 0].double()
+            m = self.momenta[n]
+            mean = (1 - m) * mu0.double() + m * (w * lm).sum(0) / total
+            # the code's between-client term measures the deviations from the smoothed mean
+            var = (w * (lv + (lm - mean) ** 2)).sum(0) / (total - 1)
+            var = (1 - m) * var0.double() + m * var
+            out[f"{n}.running_mean"], out[f"{n}.running_var"] = mean.to(mu0.dtype), var.to(var0.dtype)
         return out
 
     def _aggregate_step(

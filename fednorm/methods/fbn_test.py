@@ -34,13 +34,14 @@ def _client_round(method, model, global_state, xs_per_step, server_round=1) -> d
 
 
 def _run_fbn(method, fbn_net, client_batches, global_state):
-    """Aggregate one round of ``client_batches[i][e]`` (client i, step e); returns the new state."""
+    """Aggregate one round of ``client_batches[i][e]`` (client i, step e); returns the new state.
+    Each client's ``num_examples`` is the number of samples it trained on."""
     uploads = [_client_round(method, fbn_net, global_state, steps) for steps in client_batches]
     k = len(uploads)
     updates = ClientUpdates(
         client_ids=list(range(k)),
         states={key: torch.stack([global_state[key]] * k) for key in method.shared_keys},
-        num_examples=torch.ones(k, dtype=torch.float64),
+        num_examples=torch.tensor([float(sum(len(x) for x in steps)) for steps in client_batches], dtype=torch.float64),
         train_loss=torch.zeros(k, dtype=torch.float64),
         num_steps=torch.tensor([len(steps) for steps in client_batches]),
         extras={key: stack_rows([u[key] for u in uploads]) for key in uploads[0]},  # the engine's stacking
@@ -199,3 +200,58 @@ def test_initial_pass_gives_every_layer_the_exact_statistics_of_its_input_on_the
     assert not torch.equal(start[f"{names[0]}.running_var"], torch.ones_like(start[f"{names[0]}.running_var"]))
     dsgd = Simulation(ExperimentConfig(**dict(cfg, dsgd=True)))
     assert dsgd.method.initial_state(dsgd) is None  # the paper's loop starts from (0, 1)
+
+
+def test_round_average_mode_is_hbn_codes_fbn_baseline():
+    """``mode: round_average`` against a numpy transcription of HBN's released FBN baseline
+    (spec/000_hbn.md §2.4): each client averages its round's per-batch mean and biased variance
+    uniformly; the server pools with sample counts, takes a momentum step for the mean, and the
+    variance Σ N_k[σ_k² + (μ_k − μ̃)²]/(N − 1) about the smoothed mean μ̃, then a momentum step.
+    Unequal clients (steps 3, 1, 2; batches 3, 5, 2), two rounds, float64. The layer inputs come
+    from hooks on an eval-mode forward (FBN normalises with the shared statistics either way)."""
+    import numpy as np
+
+    torch.manual_seed(3)
+    net = _net(FederatedBatchNorm2d, momentum=BETA)
+    method = get_method("fbn", mode="round_average")
+    method.setup(net)
+    names = [n for n, m in net.named_modules() if isinstance(m, FederatedBatchNorm2d)]
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    steps, sizes = [3, 1, 2], [3, 5, 2]
+    for rnd in range(2):
+        batches = [[torch.randn(b, 2, 5, 5, dtype=torch.float64) * (1 + i) + 2 * i for _ in range(steps[i])] for i, b in enumerate(sizes)]
+        net.load_state_dict(state)
+        net.eval()
+        modules = dict(net.named_modules())
+        expected = {}
+        per_client = {n: [] for n in names}  # (N_k, mean of batch means, mean of batch variances)
+        for client in batches:
+            moments = {n: [] for n in names}
+            for x in client:
+                inputs = {}
+                hooks = [modules[n].register_forward_pre_hook(lambda _m, a, n=n: inputs.__setitem__(n, a[0].detach())) for n in names]
+                with torch.no_grad():
+                    net(x)
+                for h in hooks:
+                    h.remove()
+                for n in names:
+                    z = inputs[n].transpose(0, 1).reshape(inputs[n].shape[1], -1).numpy()
+                    moments[n].append((z.mean(axis=1), z.var(axis=1)))
+            for n in names:
+                per_client[n].append((len(client) * len(client[0]), np.mean([m for m, _ in moments[n]], axis=0), np.mean([v for _, v in moments[n]], axis=0)))
+        for n in names:
+            total = sum(k for k, _, _ in per_client[n])
+            mu = sum(k * m for k, m, _ in per_client[n]) / total
+            smoothed = (1 - BETA) * state[f"{n}.running_mean"].numpy() + BETA * mu
+            var = sum(k * (v + (m - smoothed) ** 2) for k, m, v in per_client[n]) / (total - 1)
+            expected[n] = (smoothed, (1 - BETA) * state[f"{n}.running_var"].numpy() + BETA * var)
+        state = _run_fbn(method, net, batches, state)
+        for n in names:
+            np.testing.assert_allclose(state[f"{n}.running_mean"].numpy(), expected[n][0], rtol=0, atol=1e-12)
+            np.testing.assert_allclose(state[f"{n}.running_var"].numpy(), expected[n][1], rtol=0, atol=1e-12)
+    assert not torch.allclose(state[f"{names[0]}.running_var"], torch.ones(3, dtype=torch.float64))
+    method.stats_aggregator = get_aggregator("median", f=1)
+    from fednorm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="round_average"):
+        _run_fbn(method, net, batches, state)
