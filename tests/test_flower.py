@@ -60,6 +60,7 @@ MORE_CASES: dict[str, dict] = {
                                    server_opt="fedavgm"),
     "fbn, dsgd": dict(method="fbn", norm="fbn", dsgd=True, batch_size=16, model="fedbn_cnn", model_args={}, rounds=3,
                       eval_every=3),
+    "fbn, round_average": dict(method="fbn", norm="fbn", method_args={"mode": "round_average", "initial_pass": False}),
 }
 KEEP = ("test_accuracy", "test_loss", "mean_client_accuracy", "client_accuracies", "train_loss", "uplink_bytes",
         "downlink_bytes", "samples_trained")
@@ -541,13 +542,11 @@ def test_flwr_run_on_a_simulation_superlink_gives_the_simulators_metrics(tmp_pat
 
 @pytest.mark.slow
 @needs_daemons
-def test_deployment_superlink_and_two_supernodes_give_the_simulators_metrics(tmp_path):
-    cfg = _config("fedbn", eval_every=2)  # 4 exchanges: train, train, evaluate, collect the local state
-    _close(_deployed_run(tmp_path, cfg, tls=False), _reference(cfg), "deployment")
-
-
-@pytest.mark.slow
-@needs_daemons
-def test_deployment_with_tls_and_supernode_authentication(tmp_path):
-    cfg = _config("scaffold+fedadam, 3 of 5")  # 3 exchanges: train, train, collect the local state
+def test_deployment_with_tls_and_supernode_authentication_gives_the_simulators_metrics(tmp_path):
+    """A SuperLink and two SuperNodes over TLS with SuperNode authentication (an unregistered
+    node is refused). FedBN with an evaluation: 4 exchanges (train, train, evaluate, collect the
+    local state). One federation for both properties: every exchange starts a `flwr-clientapp`
+    process per node (importing torch), which makes each deployment test cost minutes; the
+    insecure transport runs in the simulation-SuperLink test above."""
+    cfg = _config("fedbn", eval_every=2)
     _close(_deployed_run(tmp_path, cfg, tls=True, auth=True), _reference(cfg), "tls+auth")
