@@ -61,6 +61,7 @@ Design choices (spec §4, §8.4, §10; docs/fbn.md):
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 import torch
@@ -157,6 +158,7 @@ class FBN(FedAvg):
         self.layers: list[str] = []
         self.momenta: dict[str, float] = {}
         self._records: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        self._warned_literal = False
 
     # -- model policy -----------------------------------------------------------------------
     def setup(self, model: nn.Module) -> None:
@@ -339,6 +341,7 @@ class FBN(FedAvg):
                 # steps every client took are replayed (equal with DSGD or local_steps).
                 continue
             if self.mode == "literal":
+                self._warn_literal(int(updates.num_steps.max()))
                 decay: Any = {n: ((1 - self.momenta[n]) ** updates.num_steps.to(keep.device)[keep].double()).unsqueeze(-1) for n in self.layers}
             else:
                 decay = {n: 1 - self.momenta[n] for n in self.layers}
@@ -357,6 +360,21 @@ class FBN(FedAvg):
             for key, value in ((f"{n}.running_mean", mean[n]), (f"{n}.running_var", var[n].clamp_min(0.0))):
                 out[key] = value.to(global_state[key].dtype)
         return out
+
+    def _warn_literal(self, steps: int) -> None:
+        """``literal`` with many local steps forgets the shared statistics within the round: say so once."""
+        beta = min(self.momenta.values())
+        kept = (1 - beta) ** steps
+        if self._warned_literal or kept >= 0.01:
+            return
+        self._warned_literal = True
+        warnings.warn(
+            f"FBN mode 'literal' with {steps} local steps: each upload keeps {kept:.1e} of the round's starting statistics, "
+            f"so the shared statistics become an average of each client's last ~{round(1 / beta)} batches every round "
+            "(at batch 4 this cost HBN Table 1's FBN row 10 points; REPRODUCTION.md). Mode 'exact' (centralized BN over "
+            "the round's batches) or 'round_average' (HBN's code) use every batch.",
+            stacklevel=2,
+        )
 
     def _check_mode(self) -> None:
         if self.mode == "round_average" and self.stats_aggregator is not None and not self.stats_aggregator.is_mean:

@@ -255,3 +255,24 @@ def test_round_average_mode_is_hbn_codes_fbn_baseline():
 
     with pytest.raises(ConfigError, match="round_average"):
         _run_fbn(method, net, batches, state)
+
+
+def test_literal_mode_warns_once_when_the_round_forgets_its_starting_statistics():
+    """``literal`` with E steps keeps (1 − β)^E of the round-start statistics; below 1% the
+    method warns, once. Exact mode and short rounds do not warn."""
+    import warnings
+
+    net = _net(FederatedBatchNorm2d, momentum=BETA)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    torch.manual_seed(0)
+    long_round = [[torch.randn(2, 2, 5, 5, dtype=torch.float64) for _ in range(50)] for _ in range(2)]  # 0.9^50 = 5e-3
+    short_round = [[torch.randn(2, 2, 5, 5, dtype=torch.float64) for _ in range(40)] for _ in range(2)]  # 0.9^40 = 1.5e-2
+    for mode, batches, warns in (("literal", long_round, True), ("literal", short_round, False), ("exact", long_round, False)):
+        method = get_method("fbn", mode=mode)
+        method.setup(net)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _run_fbn(method, net, batches, state)
+            _run_fbn(method, net, batches, state)
+        hits = [w for w in caught if "FBN mode 'literal'" in str(w.message)]
+        assert len(hits) == (1 if warns else 0), (mode, len(batches[0]))
