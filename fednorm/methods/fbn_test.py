@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -19,6 +20,18 @@ BETA = 0.1
 def _net(norm: type[nn.Module], **kw) -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), norm(3, **kw), nn.ReLU(), nn.Conv2d(3, 4, 3), norm(4, **kw)).double()
+
+
+def _layer_channels(net: nn.Module, names: list[str], x: torch.Tensor) -> dict[str, np.ndarray]:
+    """Each named layer's input on ``x`` (hooks on a no-grad forward), as ``[C, N·H·W]`` numpy."""
+    modules = dict(net.named_modules())
+    inputs: dict[str, torch.Tensor] = {}
+    hooks = [modules[n].register_forward_pre_hook(lambda _m, a, n=n: inputs.__setitem__(n, a[0].detach())) for n in names]
+    with torch.no_grad():
+        net(x)
+    for h in hooks:
+        h.remove()
+    return {n: inputs[n].transpose(0, 1).reshape(inputs[n].shape[1], -1).numpy() for n in names}
 
 
 def _client_round(method, model, global_state, xs_per_step, server_round=1) -> dict[str, torch.Tensor]:
@@ -175,8 +188,6 @@ def test_initial_pass_gives_every_layer_the_exact_statistics_of_its_input_on_the
     the unbiased mean and variance of that layer's input over all clients' training samples,
     with every layer normalising with the statistics so set (float64, independent reference:
     one centralized forward over the union with hooks, numpy moments). DSGD keeps (0, 1)."""
-    import numpy as np
-
     cfg = dict(dataset="digits", partition="dirichlet", alpha=0.5, num_clients=4, rounds=1, model="simple_cnn", norm="fbn",
                method="fbn", dtype="float64", threads=1, checkpoint_every=0, out=None)
     sim = Simulation(ExperimentConfig(**cfg))
@@ -186,15 +197,9 @@ def test_initial_pass_gives_every_layer_the_exact_statistics_of_its_input_on_the
     names = [n for n, m in net.named_modules() if isinstance(m, FederatedBatchNorm2d)]
     assert len(names) >= 2
     union = torch.cat([sim.data.train_x.index_select(0, ix) for ix in sim.data.client_train])
-    inputs = {}
-    modules = dict(net.named_modules())
-    hooks = [modules[n].register_forward_pre_hook(lambda _m, a, n=n: inputs.__setitem__(n, a[0].detach())) for n in names]
-    with torch.no_grad():
-        net(union)
-    for h in hooks:
-        h.remove()
+    channels = _layer_channels(net, names, union)
     for n in names:
-        x = inputs[n].transpose(0, 1).reshape(inputs[n].shape[1], -1).numpy()
+        x = channels[n]
         np.testing.assert_allclose(start[f"{n}.running_mean"].numpy(), x.mean(axis=1), rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(start[f"{n}.running_var"].numpy(), x.var(axis=1, ddof=1), rtol=1e-10, atol=1e-12)
     assert not torch.equal(start[f"{names[0]}.running_var"], torch.ones_like(start[f"{names[0]}.running_var"]))
@@ -209,8 +214,6 @@ def test_round_average_mode_is_hbn_codes_fbn_baseline():
     variance Σ N_k[σ_k² + (μ_k − μ̃)²]/(N − 1) about the smoothed mean μ̃, then a momentum step.
     Unequal clients (steps 3, 1, 2; batches 3, 5, 2), two rounds, float64. The layer inputs come
     from hooks on an eval-mode forward (FBN normalises with the shared statistics either way)."""
-    import numpy as np
-
     torch.manual_seed(3)
     net = _net(FederatedBatchNorm2d, momentum=BETA)
     method = get_method("fbn", mode="round_average")
@@ -222,20 +225,12 @@ def test_round_average_mode_is_hbn_codes_fbn_baseline():
         batches = [[torch.randn(b, 2, 5, 5, dtype=torch.float64) * (1 + i) + 2 * i for _ in range(steps[i])] for i, b in enumerate(sizes)]
         net.load_state_dict(state)
         net.eval()
-        modules = dict(net.named_modules())
         expected = {}
         per_client = {n: [] for n in names}  # (N_k, mean of batch means, mean of batch variances)
         for client in batches:
             moments = {n: [] for n in names}
             for x in client:
-                inputs = {}
-                hooks = [modules[n].register_forward_pre_hook(lambda _m, a, n=n: inputs.__setitem__(n, a[0].detach())) for n in names]
-                with torch.no_grad():
-                    net(x)
-                for h in hooks:
-                    h.remove()
-                for n in names:
-                    z = inputs[n].transpose(0, 1).reshape(inputs[n].shape[1], -1).numpy()
+                for n, z in _layer_channels(net, names, x).items():
                     moments[n].append((z.mean(axis=1), z.var(axis=1)))
             for n in names:
                 per_client[n].append((len(client) * len(client[0]), np.mean([m for m, _ in moments[n]], axis=0), np.mean([v for _, v in moments[n]], axis=0)))
