@@ -286,7 +286,6 @@ class FBN(FedAvg):
         L statistics-only exchanges, each recomputing every layer under the statistics set by
         the previous one, so after L passes every layer holds the unbiased statistics of its
         input under the normalisation the model will train with."""
-        self._check_mode()
         use = (not sim.config.dsgd) if self.initial_pass == "auto" else bool(self.initial_pass)
         if not use:
             return None
@@ -376,21 +375,28 @@ class FBN(FedAvg):
             stacklevel=2,
         )
 
-    def _check_mode(self) -> None:
-        if self.mode == "round_average" and self.stats_aggregator is not None and not self.stats_aggregator.is_mean:
+    @property
+    def stats_aggregator(self) -> Any:
+        return self._stats_aggregator
+
+    @stats_aggregator.setter
+    def stats_aggregator(self, rule: Any) -> None:
+        """Refuse a robust rule in ``round_average`` mode when it is set (while the run is built)."""
+        if getattr(self, "mode", None) == "round_average" and rule is not None and not rule.is_mean:
             raise ConfigError(
                 "FBN mode 'round_average' (HBN's code) has no robust rule: robust FBN (spec/002_fbn.md §8.4) is defined "
                 "on Algorithm 2's local copies; use mode 'exact' or 'literal', or robust_targets: updates"
             )
+        self._stats_aggregator = rule
 
     def _round_average_statistics(self, global_state: dict[str, torch.Tensor], updates: ClientUpdates) -> dict[str, torch.Tensor]:
         """HBN's code (``FedBaseline/models/FBN/server.py``): count-pooled round averages, one EMA step."""
-        self._check_mode()
         ex = updates.extras
+        count = updates.num_examples.double()  # the code's weights: the clients' dataset sizes
         out = {}
         for n in self.layers:
             keep = ex[f"fbn.{n}.count"][:, 0] > 0  # a client that took no step sends nothing (the code skips it)
-            count = updates.num_examples.to(keep.device).double()  # the code's weights: the clients' dataset sizes
+            count = count.to(keep.device)
             mu0, var0 = global_state[f"{n}.running_mean"], global_state[f"{n}.running_var"]
             total = count[keep].sum()
             if float(total) < 2:

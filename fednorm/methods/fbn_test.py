@@ -245,11 +245,11 @@ def test_round_average_mode_is_hbn_codes_fbn_baseline():
             np.testing.assert_allclose(state[f"{n}.running_mean"].numpy(), expected[n][0], rtol=0, atol=1e-12)
             np.testing.assert_allclose(state[f"{n}.running_var"].numpy(), expected[n][1], rtol=0, atol=1e-12)
     assert not torch.allclose(state[f"{names[0]}.running_var"], torch.ones(3, dtype=torch.float64))
-    method.stats_aggregator = get_aggregator("median", f=1)
     from fednorm.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="round_average"):
-        _run_fbn(method, net, batches, state)
+    with pytest.raises(ConfigError, match="round_average"):  # refused when the run is built, before any round
+        method.stats_aggregator = get_aggregator("median", f=1)
+    method.stats_aggregator = get_aggregator("mean")  # the mean is the plain rule: accepted
 
 
 def test_literal_mode_warns_once_when_the_round_forgets_its_starting_statistics():
