@@ -67,3 +67,18 @@ def test_runs_are_packed_one_file_each_without_the_previous_checkpoint(tmp_path:
         names = {Path(n).name for n in tar.getnames()}
     assert {"reproduce.json", "metrics.jsonl", "checkpoint.pt"} <= names
     assert not names & {"checkpoint.prev.pt", ".reproduce.lock"}
+
+
+_ORPHANING = """
+import subprocess, sys
+child = "import signal, sys, time\\nsignal.signal(signal.SIGTERM, lambda *a: None)\\ntime.sleep(1.5)\\nopen(sys.argv[1], 'w').write('record')\\n"
+subprocess.Popen([sys.executable, "-c", child, sys.argv[1]])
+"""
+
+
+def test_a_step_returns_only_when_its_whole_process_group_is_gone(tmp_path: Path) -> None:
+    """A leader that exits while its worker still writes (a killed ``--jobs`` suite did, and the
+    packed run lost its ``reproduce.json``): the step waits for the worker before packing."""
+    record = tmp_path / "record"
+    rc, took = gpu_loan.run_step([sys.executable, "-c", _ORPHANING, str(record)], cap=30, grace=20.0, log=tmp_path / "log")
+    assert rc == 0 and record.read_text() == "record"

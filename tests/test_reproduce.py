@@ -268,6 +268,60 @@ def test_a_run_held_by_another_process_is_left_alone(tiny_configs: Path, tmp_pat
     assert runner.lock_holder(spec.dir) is None
 
 
+def test_sigterm_to_the_suite_alone_stops_its_workers_cleanly(tiny_configs: Path, tmp_path: Path) -> None:
+    """``kill PID`` of a ``--jobs 2`` suite (a scheduler's, ``timeout``'s): the workers, which got
+    no signal, stop after their round, checkpoint and record the invocation; the suite waits for
+    them, writes its report and exits 143, and no worker outlives it (before, the suite died at once
+    and its workers ran on, orphaned)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "fednorm.cli.main", "reproduce", "hbn", "--configs", str(tiny_configs), "--table", "tiny",
+           "--rows", "a,b", "--columns", "x", "--rounds", "100000", "--jobs", "2", "--threads", "1", "--out", str(out),
+           "--no-plots", "--quiet"]
+    log_path = tmp_path / "log.txt"
+    with log_path.open("w") as log_file:  # not a pipe: orphaned workers would hold it open
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(out.rglob("checkpoint.pt"))) < 2:  # both runs are training
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGTERM)  # the parent only, not its process group
+        rc = proc.wait(timeout=120)
+        log = log_path.read_text()
+        survivors = True
+        for _ in range(50):  # multiprocessing's resource tracker leaves when its pipe closes
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                survivors = False
+                break
+            time.sleep(0.1)
+        if survivors:
+            survivors = subprocess.run(["ps", "-o", "pid,args", "-g", str(proc.pid)], capture_output=True, text=True).stdout
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert rc == 128 + signal.SIGTERM, log
+    assert not survivors, f"a worker outlived the suite: {survivors}"
+    assert "interrupted; every started run has a checkpoint" in log and (out / "results.json").is_file()
+    runs = sorted(p.parent for p in out.rglob("reproduce.json"))
+    assert len(runs) == 2
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        (invocation,) = json.loads((run / runner.RECORD_NAME).read_text())["invocations"]
+        assert summary["status"] == invocation["status"] == "interrupted"
+        assert 0 < summary["rounds"] == invocation["rounds"] < 100000
+        assert torch.load(run / "checkpoint.pt", weights_only=False)["server_round"] == summary["rounds"]
+        assert not (run / runner.LOCK_NAME).exists()
+
+
 # -- the report -------------------------------------------------------------------------------
 
 

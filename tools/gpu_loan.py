@@ -65,7 +65,9 @@ def parse_plan(text: str, work: Path) -> list[Step]:
 
 def run_step(command: list[str], cap: float, grace: float, log: Path) -> tuple[int, float]:
     """Run ``command`` in its own process group for at most ``cap`` s (then SIGTERM, SIGKILL after
-    ``grace``); returns (exit code, seconds)."""
+    ``grace``); returns (exit code, seconds). It returns only when the whole group is gone: the runs
+    are packed next, and a worker that outlived its leader may still be writing its checkpoint or
+    its ``reproduce.json`` (a loan lost one run's record that way)."""
     start = time.monotonic()
     with log.open("ab") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -78,7 +80,22 @@ def run_step(command: list[str], cap: float, grace: float, log: Path) -> tuple[i
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 rc = proc.wait()
+    _wait_group(proc.pid, grace)
     return rc, time.monotonic() - start
+
+
+def _wait_group(pgid: int, grace: float) -> None:
+    """Wait for every process of group ``pgid`` to exit; SIGKILL what is left after ``grace`` s."""
+    deadline = time.monotonic() + grace
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        if time.monotonic() > deadline:
+            os.killpg(pgid, signal.SIGKILL)
+            deadline = float("inf")
+        time.sleep(0.1)
 
 
 def pack_runs(work: Path, out: Path) -> list[Path]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import ConfigError, DatasetError
+from .errors import exit_code_for_signal
 
 __all__ = ["add_parser", "command"]
 
@@ -195,11 +196,11 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     try:
         runner.run_all(ready, jobs=args.jobs, command=cmd, git=git, on_done=on_done,
                        progress=False if (args.quiet or args.jobs > 1) else None)
-    except runner.SuiteInterrupted:
+    except runner.SuiteInterrupted as exc:
         print("fednorm reproduce: interrupted; every started run has a checkpoint. Run the same command again to resume.",
               file=sys.stderr)
         write_report()
-        return 130
+        return exit_code_for_signal(exc.signum)
     write_report()
     if unavailable:
         print(f"not run for missing data: {', '.join(unavailable)} (see the messages above)", file=sys.stderr)

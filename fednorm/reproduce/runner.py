@@ -325,6 +325,8 @@ class Outcome:
     summary: dict[str, Any] | None = None
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    stop_signal: int | None = None
+    """The signal (or stop file) that interrupted the run, else None."""
 
 
 LOCK_NAME = ".reproduce.lock"
@@ -418,6 +420,7 @@ def _execute(spec: RunSpec, state: RunState, *, command: str, git: Mapping[str, 
     start = time.perf_counter()
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     error = None
+    stop_signal = None
     try:
         if cfg.get("threads"):
             torch.set_num_threads(int(cfg["threads"]))
@@ -427,7 +430,7 @@ def _execute(spec: RunSpec, state: RunState, *, command: str, git: Mapping[str, 
             result = api.run(resume=spec.dir, data=data, progress=progress, rounds=cfg["rounds"], **keep)
         else:
             result = api.run(cfg, data=data, progress=progress)
-        summary = result.summary
+        summary, stop_signal = result.summary, result.stop_signal
     except (DivergenceError, RoundFailedError) as exc:
         summary = _read_json(spec.dir / "summary.json") or {"status": "failed"}
         error = str(exc)
@@ -438,11 +441,15 @@ def _execute(spec: RunSpec, state: RunState, *, command: str, git: Mapping[str, 
     rounds = summary.get("rounds")
     _append_record(spec, {"started": started, "action": state.action, "status": status, "rounds": rounds,
                           "wall_seconds": round(wall, 3), "command": command, **(git or {})})
-    return Outcome(str(spec.dir), state.action, status, rounds, wall, summary, error)
+    return Outcome(str(spec.dir), state.action, status, rounds, wall, summary, error, stop_signal=stop_signal)
 
 
 def _work(payload: dict[str, Any]) -> dict[str, Any]:
-    """Process-pool entry point (``--jobs``): one run in a worker process."""
+    """Process-pool entry point (``--jobs``): one run in a worker process; it also stops after its
+    current round when the suite writes the stop file (:func:`run_all`)."""
+    from ..api import STOP_FILE_ENV
+
+    os.environ[STOP_FILE_ENV] = payload["stop_file"]
     spec = RunSpec(**{**payload["spec"], "dir": Path(payload["spec"]["dir"]),
                       "cells": [tuple(c) for c in payload["spec"]["cells"]]})
     outcome = execute(spec, RunState(**payload["state"]), command=payload["command"], git=payload["git"])
@@ -454,6 +461,10 @@ def _work(payload: dict[str, Any]) -> dict[str, Any]:
 
 class SuiteInterrupted(KeyboardInterrupt):
     """The suite stopped on SIGINT/SIGTERM; every started run wrote a checkpoint."""
+
+    def __init__(self, message: str, signum: int | None = None) -> None:
+        super().__init__(message)
+        self.signum = signum
 
 
 def run_all(
@@ -478,51 +489,86 @@ def run_all(
             if on_done:
                 on_done(spec, outcome)
             if outcome.status == "interrupted":
-                raise SuiteInterrupted(f"interrupted during {spec.dir}")
+                raise SuiteInterrupted(f"interrupted during {spec.dir}", outcome.stop_signal)
         return outcomes
+    return _run_pool(list(work), jobs, command, git, on_done, outcomes)
 
+
+def _run_pool(pending: list[tuple[RunSpec, RunState]], jobs: int, command: str, git: Mapping[str, Any] | None,
+              on_done: Callable[[RunSpec, Outcome], None] | None, outcomes: list[Outcome]) -> list[Outcome]:
+    """``run_all`` over worker processes.
+
+    A SIGINT/SIGTERM to this process alone (a scheduler's ``kill PID``, ``timeout``) must not
+    orphan the workers mid-run: the first one writes a stop file that every worker reads after
+    each round (the signal a worker receives itself, from a terminal or ``kill -- -PGID``, acts the
+    same, and the file does not count as a second signal), then this process waits for every
+    started run to checkpoint and record its invocation, starts no new run and raises
+    :class:`SuiteInterrupted`. A second signal stops waiting.
+    """
     import multiprocessing
+    import shutil
+    import signal
+    import tempfile
+    import threading
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     ctx = multiprocessing.get_context("spawn")  # no forked torch thread pools
-    pending = list(work)
-    interrupted = False
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        running: dict[Any, RunSpec] = {}
+    stop_dir = Path(tempfile.mkdtemp(prefix="fednorm-reproduce-"))
+    stop_file = stop_dir / "stop"
+    received: list[int] = []
 
-        def submit() -> None:
-            while pending and len(running) < jobs and not interrupted:
-                spec, state = pending.pop(0)
-                payload = {"spec": {**asdict(spec), "dir": str(spec.dir)}, "state": asdict(state), "command": command, "git": dict(git or {})}
-                running[pool.submit(_work, payload)] = spec
+    def on_signal(signum: int, frame: Any) -> None:
+        if received:  # a second signal: stop waiting
+            raise KeyboardInterrupt
+        received.append(signum)
+        stop_file.write_text(str(signum))
 
-        submit()
-        try:
-            while running:
-                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                for fut in done:
-                    spec = running.pop(fut)
-                    res = fut.result()
-                    outcome = Outcome(**res)
-                    outcomes.append(outcome)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    interrupted: list[int | None] = []
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            running: dict[Any, RunSpec] = {}
+
+            def submit() -> None:
+                while pending and len(running) < jobs and not interrupted and not received:
+                    spec, state = pending.pop(0)
+                    payload = {"spec": {**asdict(spec), "dir": str(spec.dir)}, "state": asdict(state), "command": command,
+                               "git": dict(git or {}), "stop_file": str(stop_file)}
+                    running[pool.submit(_work, payload)] = spec
+
+            submit()
+            try:
+                while running:
+                    done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        spec = running.pop(fut)
+                        outcome = Outcome(**fut.result())
+                        outcomes.append(outcome)
+                        if on_done:
+                            on_done(spec, outcome)
+                        if outcome.status == "interrupted":
+                            interrupted.append(outcome.stop_signal)
+                    submit()
+            except KeyboardInterrupt:
+                interrupted.append(received[0] if received else None)
+                pending.clear()
+                for fut in list(running):  # each stops after its round (stop file or its own signal)
+                    try:
+                        res = fut.result()
+                    except BaseException:  # noqa: BLE001 - a worker killed by a second signal
+                        continue
+                    outcomes.append(Outcome(**res))
                     if on_done:
-                        on_done(spec, outcome)
-                    if outcome.status == "interrupted":
-                        interrupted = True
-                submit()
-        except KeyboardInterrupt:
-            interrupted = True
-            pending.clear()
-            for fut in list(running):  # workers got the signal too: they checkpoint and return
-                try:
-                    res = fut.result()
-                except BaseException:  # noqa: BLE001 - a worker killed by a second signal
-                    continue
-                outcomes.append(Outcome(**res))
-                if on_done:
-                    on_done(running[fut], outcomes[-1])
-    if interrupted:
-        raise SuiteInterrupted("interrupted")
+                        on_done(running[fut], outcomes[-1])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(stop_dir, ignore_errors=True)
+    if interrupted or received:
+        signum = received[0] if received else next((s for s in interrupted if s is not None), None)
+        raise SuiteInterrupted("interrupted", signum)
     return outcomes
 
 
