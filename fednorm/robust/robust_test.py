@@ -56,6 +56,23 @@ def test_tolerates_f_below_half_arbitrary_outliers(rule, use_nnm):
     assert not (get_aggregator("mean")(torch.cat([honest, bad])) <= honest.max(0).values).all()
 
 
+def test_nnm_median_is_the_honest_mean_whatever_a_far_attack_sends():
+    """When every Byzantine row is farther from each honest row than any two honest rows are from
+    each other, NNM mixes every honest row into the honest mean, and the median of n values of which
+    n - f > n/2 are equal is that mean: the aggregate ignores the attack's magnitude. So FBN's
+    robust rows under sign flip and FOE (both far on the statistics) ran bit for bit alike
+    (REPRODUCTION.md section 2); ALIE, inside the honest spread, is not ignored."""
+    n, f = 10, 3
+    honest = _rows(n - f, 6, seed=4) + 5.0  # one sign per coordinate, as a channel's mean is
+    outputs = {}
+    for name, attack in (("sign_flip", sign_flip), ("foe", foe), ("alie", lambda h: alie(h, tau=None, num_byzantine=f))):
+        bad = attack(honest).expand(f, -1)
+        outputs[name] = get_aggregator("median", f=f, nnm=True)(torch.cat([honest[:4], bad, honest[4:]]))
+    torch.testing.assert_close(outputs["sign_flip"], honest.mean(0), rtol=0, atol=1e-14)
+    torch.testing.assert_close(outputs["foe"], honest.mean(0), rtol=0, atol=1e-14)
+    assert (outputs["alie"] - honest.mean(0)).abs().max() > 1e-3
+
+
 def test_mean_aggregator_is_the_weighted_mean_and_is_flagged():
     x, w = _rows(4), torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
     agg = get_aggregator("mean")
