@@ -268,49 +268,82 @@ def test_a_run_held_by_another_process_is_left_alone(tiny_configs: Path, tmp_pat
     assert runner.lock_holder(spec.dir) is None
 
 
+def _suite(tiny_configs: Path, out: Path, log: Path, *extra: str):
+    """A ``fednorm reproduce`` process of the tiny table's rows a and b over two workers, in its own
+    process group; output to a file (orphaned workers would hold a pipe open)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "fednorm.cli.main", "reproduce", "hbn", "--configs", str(tiny_configs), "--table", "tiny",
+           "--rows", "a,b", "--columns", "x", "--jobs", "2", "--threads", "1", "--out", str(out), "--no-plots", "--quiet", *extra]
+    with log.open("w") as f:
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _until(condition, proc, log: Path, seconds: float = 240) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+
+
+def _group_gone(pgid: int) -> bool:
+    import time
+
+    for _ in range(50):  # multiprocessing's resource tracker leaves when its pipe closes
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _kill_group(pgid: int) -> None:
+    import signal
+
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_two_workers_give_the_runs_one_process_gives(tiny_configs: Path, tmp_path: Path) -> None:
+    proc = _suite(tiny_configs, tmp_path / "two", tmp_path / "log", "--scale", "reduced")
+    try:
+        assert proc.wait(timeout=300) == 0, (tmp_path / "log").read_text()
+    finally:
+        _kill_group(proc.pid)
+    assert main(["reproduce", "hbn", "--configs", str(tiny_configs), "--table", "tiny", "--rows", "a,b", "--columns", "x",
+                 "--scale", "reduced", "--out", str(tmp_path / "one"), "--no-plots", "--quiet"]) == 0
+    for run in ("a__x", "b__x"):
+        two, one = (json.loads(next((tmp_path / d).rglob(f"{run}/*/summary.json")).read_text()) for d in ("two", "one"))
+        assert two["status"] == one["status"] == "completed"
+        assert two["final_test_accuracy"] == one["final_test_accuracy"] and two["final_test_loss"] == one["final_test_loss"]
+
+
 def test_sigterm_to_the_suite_alone_stops_its_workers_cleanly(tiny_configs: Path, tmp_path: Path) -> None:
     """``kill PID`` of a ``--jobs 2`` suite (a scheduler's, ``timeout``'s): the workers, which got
     no signal, stop after their round, checkpoint and record the invocation; the suite waits for
     them, writes its report and exits 143, and no worker outlives it (before, the suite died at once
     and its workers ran on, orphaned)."""
     import signal
-    import subprocess
-    import sys
-    import time
 
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "fednorm.cli.main", "reproduce", "hbn", "--configs", str(tiny_configs), "--table", "tiny",
-           "--rows", "a,b", "--columns", "x", "--rounds", "100000", "--jobs", "2", "--threads", "1", "--out", str(out),
-           "--no-plots", "--quiet"]
-    log_path = tmp_path / "log.txt"
-    with log_path.open("w") as log_file:  # not a pipe: orphaned workers would hold it open
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    out, log = tmp_path / "out", tmp_path / "log"
+    proc = _suite(tiny_configs, out, log, "--rounds", "100000")
     try:
-        deadline = time.monotonic() + 240
-        while len(list(out.rglob("checkpoint.pt"))) < 2:  # both runs are training
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
+        _until(lambda: len(list(out.rglob("checkpoint.pt"))) == 2, proc, log)  # both runs are training
         os.kill(proc.pid, signal.SIGTERM)  # the parent only, not its process group
         rc = proc.wait(timeout=120)
-        log = log_path.read_text()
-        survivors = True
-        for _ in range(50):  # multiprocessing's resource tracker leaves when its pipe closes
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                survivors = False
-                break
-            time.sleep(0.1)
-        if survivors:
-            survivors = subprocess.run(["ps", "-o", "pid,args", "-g", str(proc.pid)], capture_output=True, text=True).stdout
+        gone = _group_gone(proc.pid)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert rc == 128 + signal.SIGTERM, log
-    assert not survivors, f"a worker outlived the suite: {survivors}"
-    assert "interrupted; every started run has a checkpoint" in log and (out / "results.json").is_file()
+        _kill_group(proc.pid)
+    text = log.read_text()
+    assert rc == 128 + signal.SIGTERM, text
+    assert gone, "a worker outlived the suite"
+    assert "interrupted; every started run has a checkpoint" in text and (out / "results.json").is_file()
     runs = sorted(p.parent for p in out.rglob("reproduce.json"))
     assert len(runs) == 2
     for run in runs:
@@ -320,6 +353,36 @@ def test_sigterm_to_the_suite_alone_stops_its_workers_cleanly(tiny_configs: Path
         assert 0 < summary["rounds"] == invocation["rounds"] < 100000
         assert torch.load(run / "checkpoint.pt", weights_only=False)["server_round"] == summary["rounds"]
         assert not (run / runner.LOCK_NAME).exists()
+
+
+def test_a_killed_worker_is_reported_and_the_others_go_on(tiny_configs: Path, tmp_path: Path) -> None:
+    """SIGKILL to one worker (as the out-of-memory killer sends): its run is reported ``killed``
+    at once, with the signal, and recorded; the other run goes on until the suite is stopped."""
+    import signal
+    import subprocess
+
+    out, log = tmp_path / "out", tmp_path / "log"
+    proc = _suite(tiny_configs, out, log, "--rounds", "100000")
+    try:
+        _until(lambda: len(list(out.rglob("checkpoint.pt"))) == 2, proc, log)
+        children = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout
+        workers = [int(line.split()[0]) for line in children.splitlines() if "spawn_main" in line]
+        assert len(workers) == 2, children
+        os.kill(workers[0], signal.SIGKILL)
+        _until(lambda: "killed after" in log.read_text(), proc, log, 60)
+        before = {p.parent.parent.name: len(p.read_text().splitlines()) for p in out.rglob("metrics.jsonl")}
+        _until(lambda: any(len(p.read_text().splitlines()) > before[p.parent.parent.name] + 2 for p in out.rglob("metrics.jsonl")),
+               proc, log, 60)  # the other run still trains
+        os.kill(proc.pid, signal.SIGTERM)
+        rc = proc.wait(timeout=120)
+        gone = _group_gone(proc.pid)
+    finally:
+        _kill_group(proc.pid)
+    text = log.read_text()
+    assert rc == 128 + signal.SIGTERM and gone, text
+    assert "SIGKILL" in text and "run the same command again" in text.lower()
+    statuses = sorted(json.loads(p.read_text())["invocations"][-1]["status"] for p in out.rglob(runner.RECORD_NAME))
+    assert statuses == ["interrupted", "killed"], statuses
 
 
 # -- the report -------------------------------------------------------------------------------

@@ -177,12 +177,17 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
             print(f"skipping {t.paper}/{t.id}: {exc}", file=sys.stderr, flush=True)
             continue
         ready += by_table[t.id]
-    total, done = len(ready), [0]
+    total, done, killed = len(ready), [0], []
 
     def on_done(spec: runner.RunSpec, outcome: runner.Outcome) -> None:
         done[0] += 1
         if outcome.status == "running elsewhere":
             print(f"[{done[0]}/{total}] {spec.describe()}: skipped, another process is running it ({outcome.error})  {spec.dir}", flush=True)
+            return
+        if outcome.status == "killed":
+            killed.append(spec)
+            print(f"[{done[0]}/{total}] {spec.describe()}: killed after {outcome.wall_seconds:.1f} s: {outcome.error}  {spec.dir}",
+                  file=sys.stderr, flush=True)
             return
         s = outcome.summary or {}
         acc = (f"final {_fmt(s.get('final_test_accuracy'))}, best {_fmt(s.get('best_test_accuracy'))}, "
@@ -202,6 +207,10 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         write_report()
         return exit_code_for_signal(exc.signum)
     write_report()
+    if killed:
+        print(f"fednorm reproduce: {len(killed)} run(s) killed (see above); run the same command again to resume them.",
+              file=sys.stderr)
+        return 1
     if unavailable:
         print(f"not run for missing data: {', '.join(unavailable)} (see the messages above)", file=sys.stderr)
         if len(unavailable) == len(by_table):  # nothing asked for could run

@@ -494,78 +494,137 @@ def run_all(
     return _run_pool(list(work), jobs, command, git, on_done, outcomes)
 
 
+def _process_main(payload: dict[str, Any], conn: Any) -> None:
+    """A worker process: one run; sends ``("ok", outcome)`` or ``("raise", exception)`` back."""
+    try:
+        message: tuple[str, Any] = ("ok", _work(payload))
+    except BaseException as exc:  # noqa: BLE001 - the suite decides (bad input propagates, a second signal is a stop)
+        try:
+            import pickle
+
+            pickle.dumps(exc)
+            message = ("raise", exc)
+        except Exception:  # noqa: BLE001 - an exception that cannot travel travels as text
+            message = ("raise", RuntimeError(f"{type(exc).__name__}: {exc}"))
+    try:
+        conn.send(message)
+    finally:
+        conn.close()
+
+
 def _run_pool(pending: list[tuple[RunSpec, RunState]], jobs: int, command: str, git: Mapping[str, Any] | None,
               on_done: Callable[[RunSpec, Outcome], None] | None, outcomes: list[Outcome]) -> list[Outcome]:
-    """``run_all`` over worker processes.
+    """``run_all`` over ``jobs`` worker processes, a fresh one per run.
+
+    One process per run, not a pool, so that the suite knows which run each process holds: a
+    worker killed from outside (the kernel's out-of-memory killer, ``kill -9``) ends that run as
+    ``killed`` with the signal named, and the others go on (``concurrent.futures``' pool did not
+    notice such a death until another run ended, hours later, and then failed every run).
 
     A SIGINT/SIGTERM to this process alone (a scheduler's ``kill PID``, ``timeout``) must not
     orphan the workers mid-run: the first one writes a stop file that every worker reads after
     each round (the signal a worker receives itself, from a terminal or ``kill -- -PGID``, acts the
     same, and the file does not count as a second signal), then this process waits for every
     started run to checkpoint and record its invocation, starts no new run and raises
-    :class:`SuiteInterrupted`. A second signal stops waiting.
+    :class:`SuiteInterrupted`. A second signal stops the workers at once. An error in a run (bad
+    data, a bad setting) stops the others the same way and is raised once they have stopped.
     """
     import multiprocessing
     import shutil
     import signal
     import tempfile
     import threading
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from multiprocessing.connection import wait
 
     ctx = multiprocessing.get_context("spawn")  # no forked torch thread pools
     stop_dir = Path(tempfile.mkdtemp(prefix="fednorm-reproduce-"))
     stop_file = stop_dir / "stop"
     received: list[int] = []
+    interrupted: list[int | None] = []
+    errors: list[BaseException] = []
+
+    def request_stop(signum: int) -> None:
+        if not stop_file.exists():
+            stop_file.write_text(str(signum))
 
     def on_signal(signum: int, frame: Any) -> None:
-        if received:  # a second signal: stop waiting
+        if received:  # a second signal: stop now
             raise KeyboardInterrupt
         received.append(signum)
-        stop_file.write_text(str(signum))
+        request_stop(signum)
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    interrupted: list[int | None] = []
+    running: dict[Any, tuple[Any, Any, RunSpec, RunState, float, str]] = {}  # receiving end -> (process, ...)
+
+    def start() -> None:
+        while pending and len(running) < jobs and not interrupted and not received and not errors:
+            spec, state = pending.pop(0)
+            payload = {"spec": {**asdict(spec), "dir": str(spec.dir)}, "state": asdict(state), "command": command,
+                       "git": dict(git or {}), "stop_file": str(stop_file)}
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_process_main, args=(payload, send), name=f"fednorm-{spec.run_id}")
+            proc.start()
+            send.close()
+            running[recv] = (proc, recv, spec, state, time.perf_counter(), time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+    def finish(recv: Any) -> None:
+        proc, _, spec, state, began, started = running.pop(recv)
+        try:
+            kind, value = recv.recv()
+        except (EOFError, OSError):  # the process died without a word
+            proc.join()
+            code = proc.exitcode
+            name = signal.Signals(-code).name if code is not None and code < 0 and -code in signal.Signals._value2member_map_ else f"exit status {code}"
+            outcome = Outcome(str(spec.dir), state.action, "killed", None, time.perf_counter() - began, None,
+                              f"its worker process was ended by {name} (the out-of-memory killer sends SIGKILL); "
+                              "the same command resumes it from its last checkpoint")
+            _append_record(spec, {"started": started, "action": state.action, "status": "killed", "rounds": None,
+                                  "wall_seconds": round(outcome.wall_seconds, 3), "command": command, "error": outcome.error,
+                                  **(git or {})})
+        else:
+            proc.join()
+            if kind == "raise":
+                if isinstance(value, KeyboardInterrupt):
+                    interrupted.append(received[0] if received else None)
+                else:
+                    errors.append(value)
+                    request_stop(signal.SIGTERM)
+                return
+            outcome = Outcome(**value)
+        finally:
+            recv.close()
+        outcomes.append(outcome)
+        if on_done:
+            on_done(spec, outcome)
+        if outcome.status == "interrupted":
+            interrupted.append(outcome.stop_signal)
+
     try:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            running: dict[Any, RunSpec] = {}
-
-            def submit() -> None:
-                while pending and len(running) < jobs and not interrupted and not received:
-                    spec, state = pending.pop(0)
-                    payload = {"spec": {**asdict(spec), "dir": str(spec.dir)}, "state": asdict(state), "command": command,
-                               "git": dict(git or {}), "stop_file": str(stop_file)}
-                    running[pool.submit(_work, payload)] = spec
-
-            submit()
+        start()
+        while running:
             try:
-                while running:
-                    done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                    for fut in done:
-                        spec = running.pop(fut)
-                        outcome = Outcome(**fut.result())
-                        outcomes.append(outcome)
-                        if on_done:
-                            on_done(spec, outcome)
-                        if outcome.status == "interrupted":
-                            interrupted.append(outcome.stop_signal)
-                    submit()
-            except KeyboardInterrupt:
+                for recv in wait(list(running)):  # a result, or the end of a process that sent none
+                    finish(recv)
+            except KeyboardInterrupt:  # a second signal: stop the workers now
                 interrupted.append(received[0] if received else None)
                 pending.clear()
-                for fut in list(running):  # each stops after its round (stop file or its own signal)
-                    try:
-                        res = fut.result()
-                    except BaseException:  # noqa: BLE001 - a worker killed by a second signal
-                        continue
-                    outcomes.append(Outcome(**res))
-                    if on_done:
-                        on_done(running[fut], outcomes[-1])
+                for proc, *_ in running.values():
+                    if proc.is_alive():
+                        proc.terminate()
+                for recv in list(running):
+                    finish(recv)
+            start()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        for proc, recv, *_ in running.values():  # only after an error in this process
+            proc.kill()
+            recv.close()
         shutil.rmtree(stop_dir, ignore_errors=True)
+    if errors:
+        raise errors[0]
     if interrupted or received:
         signum = received[0] if received else next((s for s in interrupted if s is not None), None)
         raise SuiteInterrupted("interrupted", signum)
