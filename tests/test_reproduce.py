@@ -289,6 +289,12 @@ def _until(condition, proc, log: Path, seconds: float = 240) -> None:
         time.sleep(0.2)
 
 
+def _training(out: Path) -> bool:
+    """Both runs have logged a round (a stop before the first round would leave 0 rounds)."""
+    logs = list(out.rglob("metrics.jsonl"))
+    return len(logs) == 2 and all(p.read_text().strip() for p in logs)
+
+
 def _group_gone(pgid: int) -> bool:
     import time
 
@@ -334,7 +340,7 @@ def test_sigterm_to_the_suite_alone_stops_its_workers_cleanly(tiny_configs: Path
     out, log = tmp_path / "out", tmp_path / "log"
     proc = _suite(tiny_configs, out, log, "--rounds", "100000")
     try:
-        _until(lambda: len(list(out.rglob("checkpoint.pt"))) == 2, proc, log)  # both runs are training
+        _until(lambda: _training(out), proc, log)
         os.kill(proc.pid, signal.SIGTERM)  # the parent only, not its process group
         rc = proc.wait(timeout=120)
         gone = _group_gone(proc.pid)
@@ -364,7 +370,7 @@ def test_a_killed_worker_is_reported_and_the_others_go_on(tiny_configs: Path, tm
     out, log = tmp_path / "out", tmp_path / "log"
     proc = _suite(tiny_configs, out, log, "--rounds", "100000")
     try:
-        _until(lambda: len(list(out.rglob("checkpoint.pt"))) == 2, proc, log)
+        _until(lambda: _training(out), proc, log)
         children = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout
         workers = [int(line.split()[0]) for line in children.splitlines() if "spawn_main" in line]
         assert len(workers) == 2, children
