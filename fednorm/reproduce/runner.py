@@ -445,8 +445,8 @@ def _execute(spec: RunSpec, state: RunState, *, command: str, git: Mapping[str, 
 
 
 def _work(payload: dict[str, Any]) -> dict[str, Any]:
-    """Process-pool entry point (``--jobs``): one run in a worker process; it also stops after its
-    current round when the suite writes the stop file (:func:`run_all`)."""
+    """One run in a worker process (``--jobs``); it also stops after its current round when the
+    suite writes the stop file (:func:`_run_pool`)."""
     from ..api import STOP_FILE_ENV
 
     os.environ[STOP_FILE_ENV] = payload["stop_file"]
