@@ -576,7 +576,10 @@ def _run_pool(pending: list[tuple[RunSpec, RunState]], jobs: int, command: str, 
         except (EOFError, OSError):  # the process died without a word
             proc.join()
             code = proc.exitcode
-            name = signal.Signals(-code).name if code is not None and code < 0 and -code in signal.Signals._value2member_map_ else f"exit status {code}"
+            try:
+                name = signal.Signals(-code).name if code is not None and code < 0 else f"exit status {code}"
+            except ValueError:  # a signal number Python has no name for
+                name = f"signal {-code}"
             outcome = Outcome(str(spec.dir), state.action, "killed", None, time.perf_counter() - began, None,
                               f"its worker process was ended by {name} (the out-of-memory killer sends SIGKILL); "
                               "the same command resumes it from its last checkpoint")
