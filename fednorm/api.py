@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .config import ExperimentConfig, load_config
+from .errors import FednormError, RunWriteError
 from .data.federated import FederatedData
 from .engine.outputs import RunWriter, default_run_dir
 from .engine.simulator import Simulation
@@ -35,13 +36,19 @@ class RunResult:
     history: list[dict[str, Any]]
     summary: dict[str, Any]
     out_dir: Path | None
-    simulation: Simulation = field(repr=False)
+    simulation: Simulation | None = field(repr=False)
+    """None for a run reloaded from its directory (``fednorm compare --resume`` keeps finished variants)."""
     stop_signal: int | None = None
     """The signal (SIGINT, SIGTERM) that stopped an interrupted run, else None."""
 
     @property
     def model(self) -> nn.Module:
         """The working model loaded with the final global state."""
+        if self.simulation is None:
+            from .errors import ConfigError
+
+            raise ConfigError(f"the run in {self.out_dir} was reloaded from its directory; load its model from "
+                              f"{self.out_dir}/checkpoint.pt")
         return self.simulation.global_model()
 
 
@@ -191,36 +198,125 @@ def run(
     (``summary["status"] == "interrupted"``, the signal in ``RunResult.stop_signal``); a second
     one stops at once. Resuming with fewer ``rounds`` than the checkpoint has run is refused.
     """
+    import contextlib
+
     from .engine.checkpoint import load_latest
     from .errors import ConfigError
 
+    if data is not None and not isinstance(data, FederatedData):
+        raise ConfigError(f"data must be a fednorm.FederatedData, got {type(data).__name__}; build one from your tensors "
+                          "(docs/data.md) or leave data out to build it from the config")
     checkpoint = None
-    if resume is not None:
-        run_dir = Path(resume)
-        if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"cannot resume {run_dir}: no config.yaml there (is it a fednorm run directory?)")
-        bad = [k for k in overrides if k not in RESUMABLE_OVERRIDES and overrides[k] is not None]
-        if bad:
-            raise ConfigError(
-                f"cannot change {', '.join(sorted(bad))} when resuming; only {', '.join(RESUMABLE_OVERRIDES)} may change"
-            )
-        cfg = load_config(run_dir / "config.yaml", {**overrides, "out": str(run_dir)})
-        checkpoint = load_latest(run_dir)
-        _check_resumable(cfg, checkpoint["config"], run_dir)
-        done = int(checkpoint.get("server_round", 0))
-        if cfg.rounds < done:
-            raise ConfigError(
-                f"cannot resume {run_dir} with rounds={cfg.rounds}: its checkpoint has already run {done} rounds "
-                f"(a shorter run is a new run: pass another --out)"
-            )
-        write = True
-    else:
-        cfg = resolve_config(config, **overrides)
-    # The handler is in place before the data load (minutes for a large dataset), so a SIGTERM
-    # then still ends in an interrupted run with a checkpoint rather than a killed process.
-    with _StopRequest() as stop:
-        return _execute(cfg, checkpoint, stop, data=data, write=write, progress=progress, simulation=simulation,
-                        on_round=on_round, callbacks=callbacks)
+    with contextlib.ExitStack() as held:
+        if resume is not None:
+            run_dir = Path(resume)
+            if not (run_dir / "config.yaml").is_file():
+                raise ConfigError(f"cannot resume {run_dir}: no config.yaml there (is it a fednorm run directory?)")
+            new_lr = overrides.pop("lr", None)
+            bad = [k for k in overrides if k not in RESUMABLE_OVERRIDES and overrides[k] is not None]
+            if bad:
+                raise ConfigError(
+                    f"cannot change {', '.join(sorted(bad))} when resuming; only {', '.join(RESUMABLE_OVERRIDES)} may change"
+                    " (and lr, after a divergence)"
+                )
+            held.enter_context(_writer_lock(run_dir, "resume", "wait for it to finish or stop it"))  # no other writer mid-write
+            cfg = load_config(run_dir / "config.yaml", {**overrides, "out": str(run_dir)})
+            checkpoint = load_latest(run_dir)
+            cfg = _data_for_resume(cfg, data, run_dir)
+            cfg = _lr_restart(cfg, new_lr, run_dir, int(checkpoint.get("server_round", 0)))
+            _check_resumable(cfg, {**checkpoint["config"], "lr_restarts": cfg.lr_restarts}, run_dir)
+            done = int(checkpoint.get("server_round", 0))
+            if cfg.rounds < done:
+                raise ConfigError(
+                    f"cannot resume {run_dir} with rounds={cfg.rounds}: its checkpoint has already run {done} rounds "
+                    f"(a shorter run is a new run: pass another --out)"
+                )
+            write = True
+        else:
+            cfg = resolve_config(config, **overrides)
+            if data is not None:
+                cfg = record_data(cfg, data)
+            if write:
+                out = Path(cfg.out) if cfg.out else default_run_dir(cfg)
+                cfg = cfg.model_copy(update={"out": str(out)})
+                held.enter_context(_writer_lock(out, "run"))
+        # The handler is in place before the data load (minutes for a large dataset), so a SIGTERM
+        # then still ends in an interrupted run with a checkpoint rather than a killed process.
+        with _StopRequest() as stop:
+            return _execute(cfg, checkpoint, stop, data=data, write=write, progress=progress, simulation=simulation,
+                            on_round=on_round, callbacks=callbacks)
+
+
+def _lr_restart(cfg: ExperimentConfig, lr: float | None, run_dir: Path, done: int) -> ExperimentConfig:
+    """A diverged run resumes only with a smaller learning rate from its last good checkpoint
+    (the same lr would diverge the same way); the change is recorded in ``lr_restarts``."""
+    from .engine.outputs import read_summary
+    from .errors import ConfigError
+
+    try:
+        summary = read_summary(run_dir)
+    except (OSError, ValueError):
+        summary = {}
+    diverged = summary.get("status") == "diverged"
+    if lr is None:
+        if diverged:
+            raise ConfigError(f"{run_dir} diverged; resuming with the same lr diverges again: restart from its last good "
+                              f"checkpoint (round {done}) with a smaller one: fednorm run --resume {run_dir} --lr {_base_lr(cfg) / 10:g}")
+        return cfg
+    if not diverged:
+        raise ConfigError(f"cannot change lr when resuming {run_dir}: only a diverged run restarts with another lr "
+                          "(a new lr is a new run: pass another --out)")
+    restarts = [r for r in cfg.lr_restarts if r["round"] < done] + [{"round": done, "lr": float(lr)}]
+    return resolve_config(cfg, lr_restarts=restarts)
+
+
+def _base_lr(cfg: ExperimentConfig) -> float:
+    """The learning rate the schedule starts from now: the last restart's, else ``lr``."""
+    return float(cfg.lr_restarts[-1]["lr"]) if cfg.lr_restarts else cfg.lr
+
+
+def _writer_lock(path: Path, purpose: str, hint: str | None = None) -> Any:
+    """The run directory's lock (:mod:`fednorm.engine.runlock`), taken by the process that writes:
+    a torch.distributed rank other than 0 writes nothing and takes none."""
+    import contextlib
+
+    from .engine.runlock import run_lock
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return contextlib.nullcontext()
+    return run_lock(path, purpose, hint)
+
+
+def record_data(cfg: ExperimentConfig, data: FederatedData) -> ExperimentConfig:
+    """``cfg`` recording what ``data`` is: unchanged when ``data`` was built from ``cfg``'s data
+    fields, else ``dataset``/``partition`` ``user:NAME`` with its description and fingerprint
+    (:mod:`fednorm.data.provenance`), so the run never claims to have trained on the config's dataset."""
+    from .data.provenance import USER_PREFIX, data_name, data_recipe, describe_data
+
+    if data.recipe is not None and data.recipe == data_recipe(cfg):
+        return cfg
+    tag = f"{USER_PREFIX}:{data_name(data)}"
+    return cfg.model_copy(update={"dataset": tag, "partition": tag, "dataset_args": describe_data(data),
+                                  "num_clients": data.num_clients, "partition_args": {}, "data_dir": None})
+
+
+def _data_for_resume(cfg: ExperimentConfig, data: FederatedData | None, run_dir: Path) -> ExperimentConfig:
+    """Check that a resumed run gets its data back: data given from Python must match the
+    fingerprint the run recorded; a run of such data cannot rebuild it from its config."""
+    from .data.provenance import check_same_data, is_user_dataset, user_data_error
+    from .errors import ConfigError
+
+    if is_user_dataset(cfg.dataset):
+        if data is None:
+            raise ConfigError(str(user_data_error(cfg.dataset, str(run_dir))))
+        check_same_data(cfg.dataset_args, data, str(run_dir))
+        return cfg
+    if data is not None:
+        recorded = record_data(cfg, data)
+        if recorded.dataset != cfg.dataset:
+            raise ConfigError(f"cannot resume {run_dir}: it trained on dataset '{cfg.dataset}' built from its config, and "
+                              "the data given was not built from that config; leave data out to rebuild it")
+    return cfg
 
 
 def _execute(cfg: ExperimentConfig, checkpoint: dict[str, Any] | None, stop: _StopRequest, *, data: FederatedData | None,
@@ -241,10 +337,16 @@ def _execute(cfg: ExperimentConfig, checkpoint: dict[str, Any] | None, stop: _St
         sim.load_state_dict(checkpoint)
     writer = None
 
+    saved_round = [int(checkpoint.get("server_round", 0)) if checkpoint is not None else None]  # the last good checkpoint
+
     def checkpoint_now() -> None:
         state = sim.state_dict()  # on every rank: a distributed runtime collects the clients' states
         if writer is not None:
-            save_checkpoint(writer.dir, state)
+            try:
+                save_checkpoint(writer.dir, state)
+            except OSError as exc:
+                raise RunWriteError(writer.dir / "checkpoint.pt", exc) from exc
+            saved_round[0] = sim.server_round
 
     if write:
         out = Path(cfg.out) if cfg.out else default_run_dir(cfg)
@@ -253,8 +355,6 @@ def _execute(cfg: ExperimentConfig, checkpoint: dict[str, Any] | None, stop: _St
         if sim.is_main:
             call_all(hooks, "on_run_start", sim, out)
             writer = RunWriter(out, cfg, history=sim.history if checkpoint is not None else None)
-        if checkpoint is None:  # round 0, so a run that fails early still has a good checkpoint
-            checkpoint_now()
     elif sim.is_main:
         call_all(hooks, "on_run_start", sim, None)
     from tqdm.auto import tqdm
@@ -265,6 +365,8 @@ def _execute(cfg: ExperimentConfig, checkpoint: dict[str, Any] | None, stop: _St
     bar = tqdm(total=cfg.rounds, initial=sim.server_round, desc=f"{cfg.method}+{cfg.norm}", unit="round",
                disable=(None if progress is None else not progress) if sim.is_main else True, leave=False)
     try:
+        if write and checkpoint is None:  # round 0, so a run that fails early still has a good checkpoint
+            checkpoint_now()
         # a signal while the data loaded stops the run before its first round, with a checkpoint
         if sim.agree_to_stop(stop.requested):
             status, stop_signal = "interrupted", stop.signal
@@ -274,6 +376,8 @@ def _execute(cfg: ExperimentConfig, checkpoint: dict[str, Any] | None, stop: _St
                 post = {"loss": f"{record.train_loss:.3f}"}
                 if record.metrics:
                     post["acc"] = f"{100 * record.metrics['test_accuracy']:.1f}"
+                    if "dp/epsilon" in record.metrics:  # client-level DP: the privacy spent so far
+                        post["eps"] = f"{record.metrics['dp/epsilon']:.3g}"
                     if writer is not None:
                         writer.log(record.metrics)
                 bar.set_postfix(post)
@@ -283,7 +387,7 @@ def _execute(cfg: ExperimentConfig, checkpoint: dict[str, Any] | None, stop: _St
                 if sim.agree_to_stop(stop.requested):
                     status, stop_signal = "interrupted", stop.signal
                     break
-    except (DivergenceError, RoundFailedError) as exc:
+    except (DivergenceError, RoundFailedError, RunWriteError) as exc:
         status = "diverged" if isinstance(exc, DivergenceError) else "failed"
         error = exc
     except KeyboardInterrupt as exc:
@@ -297,27 +401,57 @@ def _execute(cfg: ExperimentConfig, checkpoint: dict[str, Any] | None, stop: _St
         res = sim.evaluate(final)
         summary["final_sync"] = {k: res.get(k) for k in ("test_accuracy", "test_loss", "mean_client_accuracy")}
         if writer is not None:
-            torch.save(final, writer.dir / "final_model.pt")
+            try:
+                torch.save(final, writer.dir / "final_model.pt")
+            except OSError as exc:
+                status, error = "failed", RunWriteError(writer.dir / "final_model.pt", exc)
+                summary["status"] = status
     if error is not None:
         summary["error"] = str(error) or type(error).__name__
+        if saved_round[0] is not None:
+            summary["last_checkpoint_round"] = saved_round[0]
     if write and error is None:  # never overwrite the last good checkpoint with a failed state
-        checkpoint_now()
+        try:
+            checkpoint_now()
+        except RunWriteError as exc:
+            status, error = "failed", exc
+            summary.update(status=status, error=str(exc), last_checkpoint_round=saved_round[0])
     if writer is not None:
-        writer.finish(summary, sim.history)
+        try:
+            writer.finish(summary, sim.history)
+        except RunWriteError as exc:
+            if error is None or isinstance(error, KeyboardInterrupt):
+                status, error = "failed", exc
+            # else the summary could not say why the run failed; the message below does
     if sim.is_main:
         call_all(hooks, "on_run_end", sim, summary, writer.dir if writer is not None else None)
     if error is not None:
-        if isinstance(error, DivergenceError):  # resuming keeps lr, so it would diverge the same way
-            kept = (f"; the last good checkpoint is in {writer.dir} for inspection (fednorm run --resume {writer.dir} "
-                    "keeps lr and would diverge the same way)") if writer is not None else ""
-            raise DivergenceError(
-                f"{error}. Lower the learning rate (lr={cfg.lr:g}) or clip gradients (max_grad_norm) and start a new "
-                f"run{kept}"
-            ) from error
-        if writer is not None and not isinstance(error, KeyboardInterrupt):
-            raise type(error)(f"{error} (the last good checkpoint is in {writer.dir}; fednorm run --resume {writer.dir})") from error
-        raise error
+        raise _with_advice(error, cfg, writer.dir if writer is not None else None, saved_round[0]) from error
     return RunResult(cfg, sim.history, summary, writer.dir if writer else None, sim, stop_signal)
+
+
+def _with_advice(error: BaseException, cfg: ExperimentConfig, run_dir: Path | None, saved: int | None) -> BaseException:
+    """``error`` as one line that says what to do next: the resume command from the last good
+    checkpoint (with a smaller lr after a divergence), or a new run when nothing was written."""
+    from .errors import DivergenceError
+
+    if isinstance(error, KeyboardInterrupt):
+        return error
+    if isinstance(error, DivergenceError):
+        smaller = f"{_base_lr(cfg) / 10:g}"
+        if run_dir is None or saved is None:
+            return DivergenceError(f"{error}; lower the learning rate (--lr {smaller}) or clip gradients (--max-grad-norm)")
+        return DivergenceError(f"{error}; restart from the last good checkpoint (round {saved}) with a smaller learning "
+                               f"rate: fednorm run --resume {run_dir} --lr {smaller}")
+    if isinstance(error, RunWriteError) and run_dir is not None and saved is None:
+        return RunWriteError(error.path, error.cause).with_hint(
+            f"no checkpoint was saved; free space or raise the limit, then start again: fednorm run ... --out {run_dir} --overwrite")
+    if run_dir is None or saved is None:
+        return error
+    if isinstance(error, RunWriteError):
+        return RunWriteError(error.path, error.cause).with_hint(
+            f"the last good checkpoint is round {saved}; free space or raise the limit, then: fednorm run --resume {run_dir}")
+    return type(error)(f"{error} (the last good checkpoint is round {saved}: fednorm run --resume {run_dir})")
 
 
 def variant_label(variant: Mapping[str, Any]) -> str:
@@ -327,6 +461,17 @@ def variant_label(variant: Mapping[str, Any]) -> str:
     rest = {k: v for k, v in variant.items() if k not in ("method", "norm")}
     extra = "(" + ", ".join(f"{k}={v}" for k, v in rest.items()) + ")" if rest else ""
     return f"{method}+{norm}{extra}"
+
+
+def _personalized(result: RunResult) -> bool:
+    """Whether ``result`` was evaluated per client (a reloaded result has no simulation)."""
+    if result.simulation is not None:
+        return bool(result.simulation.method.personalized)
+    if "personalized" in result.summary:
+        return bool(result.summary["personalized"])
+    from .methods import METHODS
+
+    return bool(getattr(METHODS.get_builder(result.config.method), "personalized", False))
 
 
 @dataclass
@@ -352,7 +497,7 @@ class CompareResult:
             rows.append(
                 {
                     "variant": label,
-                    "evaluation": "per client" if r.simulation.method.personalized else "global",
+                    "evaluation": "per client" if _personalized(r) else "global",
                     "final_acc": s["final_test_accuracy"],
                     "best_acc": s["best_test_accuracy"],
                     "last10_acc": s["last10_mean_test_accuracy"],
@@ -469,34 +614,92 @@ def compare(
     out: str | Path | None = None,
     progress: bool | None = None,
     on_round: Callable[[Any, Simulation], None] | None = None,
+    resume: str | Path | None = None,
     **overrides: Any,
 ) -> CompareResult:
     """Run several variants (method/norm/any field) on one setting and tabulate them.
 
     Every variant shares the base config's data, partition and seed; the client data is built
     once and reused. Every variant's config is validated (fields and registry names) before the
-    first one trains. Writes ``results.md``, ``results.csv``, ``accuracy.png`` and one run
-    directory per variant under ``out`` (unless ``out`` is None and ``write`` is disabled).
+    first one trains. Writes ``compare.json`` (the plan), ``results.md``, ``results.csv``,
+    ``accuracy.png`` and one run directory per variant under ``out`` (nothing when ``out`` is None).
 
     A SIGINT/SIGTERM stops the comparison after the current round of the current variant: the
     table holds the variants that finished, and ``CompareResult.stop_signal`` the signal.
+    ``resume=OUT`` continues such a comparison from ``OUT/compare.json``: finished variants are
+    kept, the interrupted one resumes from its checkpoint, the rest run (only
+    :data:`RESUMABLE_OVERRIDES` may be passed, e.g. ``rounds=`` to extend every variant).
     """
-    base = resolve_config(config, **overrides)
-    root = Path(out) if out is not None else None
-    planned = plan_variants(base, variants, root)  # every typo is reported before anything trains
+    import contextlib
+
+    from .compare_plan import load_plan, save_plan
+    from .engine.runlock import run_lock
+
+    if resume is not None:
+        from .errors import ConfigError
+
+        bad = sorted(k for k, v in overrides.items() if v is not None and k not in RESUMABLE_OVERRIDES)
+        if config is not None or variants is not DEFAULT_VARIANTS or bad:
+            raise ConfigError(f"resuming {resume} takes the comparison's settings from its compare.json; only "
+                              f"{', '.join(RESUMABLE_OVERRIDES)} may be passed" + (f" (got {', '.join(bad)})" if bad else ""))
+        root: Path | None = Path(resume)
+    else:
+        root = Path(out) if out is not None else None
+    with contextlib.ExitStack() as held:
+        if root is not None:
+            held.enter_context(run_lock(root, "compare"))
+        if resume is not None:
+            saved, variants = load_plan(root)  # type: ignore[arg-type]
+            base = resolve_config(saved, **{k: v for k, v in overrides.items() if k != "out"})
+        else:
+            base = resolve_config(config, **overrides)
+        planned = plan_variants(base, variants, root)  # every typo is reported before anything trains
+        if root is not None:
+            save_plan(root, base, variants)
+        return _compare(base, planned, root, progress=progress, on_round=on_round, resume=resume is not None)
+
+
+def _reload(cfg: ExperimentConfig) -> RunResult | None:
+    """A variant that already finished ``cfg.rounds`` rounds in ``cfg.out`` with ``cfg``'s settings."""
+    from .engine.outputs import read_metrics, read_summary
+
+    d = Path(cfg.out)  # type: ignore[arg-type]
+    try:
+        summary = read_summary(d)
+        saved = load_config(d / "config.yaml")
+    except (OSError, ValueError, FednormError):
+        return None
+    if summary.get("status") != "completed" or summary.get("rounds") != cfg.rounds:
+        return None
+    _check_resumable(cfg, saved.model_dump(mode="json"), d)
+    return RunResult(saved, read_metrics(d), summary, d, None, None)  # type: ignore[arg-type]
+
+
+def _compare(base: ExperimentConfig, planned: list[tuple[str, ExperimentConfig]], root: Path | None, *,
+             progress: bool | None, on_round: Callable[[Any, Simulation], None] | None, resume: bool) -> CompareResult:
     results: dict[str, RunResult] = {}
     interrupted: str | None = None
     stop_signal: int | None = None
     data = None
-    data_keys = ("dataset", "dataset_args", "data_dir", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args", "num_clients", "seed", "augment", "dtype", "device")
+    data_keys = ("dataset", "dataset_args", "data_dir", "partition", "alpha", "classes_per_client", "gamma", "min_size",
+                 "partition_args", "num_clients", "seed", "augment", "input_norm", "dtype", "device")
     with _StopRequest() as stop:  # a signal between two variants stops too
         for label, cfg in planned:
             if stop.signal is not None:
                 stop_signal = stop.signal
                 break
-            reuse = data is not None and all(getattr(cfg, k) == getattr(base, k) for k in data_keys)
-            result = run(cfg, data=data if reuse else None, write=root is not None, progress=progress, on_round=on_round)
-            if all(getattr(cfg, k) == getattr(base, k) for k in data_keys):
+            kept = _reload(cfg) if resume else None
+            if kept is not None:
+                results[label] = kept
+                continue
+            same_data = all(getattr(cfg, k) == getattr(base, k) for k in data_keys)
+            given = data if data is not None and same_data else None
+            if resume and any((Path(cfg.out) / n).exists() for n in ("checkpoint.pt", "checkpoint.prev.pt")):  # type: ignore[arg-type]
+                keep = {k: getattr(cfg, k) for k in RESUMABLE_OVERRIDES if k != "out" and getattr(cfg, k) is not None}
+                result = run(resume=cfg.out, data=given, progress=progress, on_round=on_round, **keep)
+            else:
+                result = run(cfg, data=given, write=root is not None, progress=progress, on_round=on_round)
+            if same_data:
                 data = result.simulation.data
             if result.summary.get("status") == "interrupted":
                 interrupted, stop_signal = label, result.stop_signal or stop.signal

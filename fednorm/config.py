@@ -9,6 +9,7 @@ option always mean the same thing (``local_epochs`` <-> ``--local-epochs``).
 from __future__ import annotations
 
 import math
+import sys
 import typing
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -106,6 +107,11 @@ class ExperimentConfig(BaseModel):
         description="the learning rate from each milestone on, instead of lr_gamma's factors (one value per milestone; "
         "FBN's schedule 0.1, 0.05, 0.033: lr 0.1, lr_milestones [1001, 2001], lr_values [0.05, 0.033])",
     )
+    lr_restarts: list[dict[str, int | float]] = Field(
+        default_factory=list,
+        description="learning-rate restarts a diverged run was resumed with (`fednorm run --resume RUN --lr X`): "
+        "[{round: N, lr: X}] trains the rounds after N with base lr X (decay and milestones apply to it)",
+    )
     dsgd: bool = Field(
         False,
         description="DSGD mode (FBN paper): one mini-batch gradient per client per round at the global weights, "
@@ -167,8 +173,18 @@ class ExperimentConfig(BaseModel):
                 raise ValueError(f"input_norm std must be positive and every value finite, got {self.input_norm}")
         return self
 
+    def _check_lr_restarts(self) -> None:
+        last = -1.0
+        for r in self.lr_restarts:
+            if set(r) != {"round", "lr"} or not r["round"] >= 0 or not (math.isfinite(r["lr"]) and r["lr"] > 0):
+                raise ValueError(f"lr_restarts entries are {{round: N >= 0, lr: X > 0}}, got {r}")
+            if r["round"] <= last:
+                raise ValueError(f"lr_restarts must be in increasing rounds, got {[x['round'] for x in self.lr_restarts]}")
+            last = r["round"]
+
     @model_validator(mode="after")
     def _check_lr_values(self) -> "ExperimentConfig":
+        self._check_lr_restarts()
         if self.lr_values and len(self.lr_values) != len(self.lr_milestones):
             raise ValueError(
                 f"lr_values gives the learning rate from each milestone on: {len(self.lr_milestones)} milestone(s) "
@@ -275,7 +291,12 @@ class ExperimentConfig(BaseModel):
         True, description="feed convolutional models channels-last batches (faster pooling and convolution on CPU)"
     )
     dtype: Literal["float32", "float64"] = Field("float32", description="parameter dtype (float64 for exactness checks)")
-    threads: int | None = Field(None, ge=1, description="torch intra-op threads (default: torch's choice)")
+    threads: int | None = Field(
+        None, ge=1,
+        description="torch intra-op threads (default: `fednorm run`/`compare` use the free cores, the usable cores "
+        "minus the 1-minute load average, at least 1; `fednorm launch` cores/nproc per process; fednorm.run the "
+        "process's setting; an explicit OMP_NUM_THREADS is kept)",
+    )
 
     @field_validator("dataset", "partition", "model", "norm", "method")
     @classmethod
@@ -361,7 +382,8 @@ class ExperimentConfig(BaseModel):
     def _check_consistency(self) -> "ExperimentConfig":
         if self.clients_per_round is not None and self.clients_per_round > self.num_clients:
             raise ValueError(
-                f"clients_per_round={self.clients_per_round} exceeds num_clients={self.num_clients}"
+                f"clients_per_round={self.clients_per_round} exceeds num_clients={self.num_clients}; "
+                f"set clients_per_round to at most {self.num_clients} or raise num_clients"
             )
         return self
 
@@ -373,27 +395,63 @@ class ExperimentConfig(BaseModel):
         """Learning rate of round ``server_round`` (1-based): exponential decay times step decay
         (``lr_gamma`` per milestone passed, or the milestone's own ``lr_values`` entry)."""
         steps = sum(1 for m in self.lr_milestones if server_round >= m)
-        base = self.lr_values[steps - 1] if self.lr_values and steps else self.lr * self.lr_gamma**steps
+        lr = self.lr
+        for restart in self.lr_restarts:  # a diverged run resumed with a smaller lr (fednorm run --resume --lr)
+            if server_round > restart["round"]:
+                lr = restart["lr"]
+        base = self.lr_values[steps - 1] if self.lr_values and steps else lr * self.lr_gamma**steps
         return base * self.lr_decay ** (server_round - 1)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
+# Fields that hold a registry name, and the `fednorm list` argument that shows the valid ones.
+_NAME_FIELDS = {"dataset": "datasets", "partition": "partitions", "model": "models", "norm": "norms", "method": "methods"}
+_GOT_MAX = 60  # characters of a bad value quoted back; a module's or a config's repr runs to pages
+
+
+def _describe(value: Any) -> str:
+    """A short rendering of a bad value: its repr when it is a short plain value, else its type."""
+    if isinstance(value, (str, int, float, bool, type(None), list, tuple)):
+        text = repr(value)
+        return text if len(text) <= _GOT_MAX else text[: _GOT_MAX - 3] + "..."
+    return f"a {type(value).__name__} object"
+
+
+def _name_field_message(field: str, value: Any) -> str:
+    """What to pass for a registry-name field given something that is not a string."""
+    plural = _NAME_FIELDS[field]
+    default = ExperimentConfig.model_fields[field].default
+    msg = f"expected the name of a registered {field}, e.g. '{default}' (`fednorm list {plural}`)"
+    torch = sys.modules.get("torch")
+    if field == "model" and torch is not None and isinstance(value, torch.nn.Module):
+        msg += "; an nn.Module instance is not accepted yet: register a builder with fednorm.models.register_model and pass its name"
+    return msg
+
+
 def format_validation_error(err: ValidationError, source: str | None = None) -> str:
     """One line per bad field: ``field: message (got value)``; a single bad field is one line
-    (``invalid configuration: alpha: ...``)."""
+    (``invalid configuration: alpha: ...``).
+
+    The bad value is quoted only when short: a cross-field check's input is the whole config and a
+    wrongly passed object may be an ``nn.Module``, whose reprs would bury the message.
+    """
     where = f" in {source}" if source else ""
     lines = [f"invalid configuration{where}:"]
     errors = err.errors()
     for e in errors:
-        loc = ".".join(str(p) for p in e["loc"]) or "(config)"
-        msg = e["msg"]
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
         if e["type"] == "extra_forbidden":
             msg = "unknown field (see `fednorm run --help` for valid fields)"
-        got = e.get("input")
-        got_txt = "" if e["type"] == "extra_forbidden" or isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"  {loc}: {msg}{got_txt}")
+        elif e["type"] == "string_type" and len(e["loc"]) == 1 and loc in _NAME_FIELDS:
+            msg = _name_field_message(loc, got)
+        # Cross-field checks (no loc) name their fields in the message, and their input is the config.
+        quote = bool(loc) and e["type"] != "extra_forbidden" and not isinstance(got, dict) and "got " not in msg
+        got_txt = f" (got {_describe(got)})" if quote else ""
+        lines.append(f"  {loc}: {msg}{got_txt}" if loc else f"  {msg}")
     if len(errors) == 1:
         return f"{lines[0]} {lines[1].strip()}"
     return "\n".join(lines)

@@ -18,6 +18,7 @@ __all__ = [
     "DatasetError",
     "DivergenceError",
     "RoundFailedError",
+    "RunWriteError",
 ]
 
 
@@ -51,3 +52,18 @@ class DivergenceError(RuntimeError):
 
 class RoundFailedError(RuntimeError):
     """Raised when fewer than ``min_clients`` clients of a round answer; names the round and the causes."""
+
+
+class RunWriteError(RuntimeError):
+    """Raised when a run's file cannot be written (a full disk, a file-size limit, a folder that
+    vanished); names the file. The run's last good checkpoint is kept."""
+
+    def __init__(self, path: object, cause: OSError) -> None:
+        self.path = path
+        self.cause = cause
+        super().__init__(f"could not write {path}: {cause.strerror or cause}")
+
+    def with_hint(self, hint: str) -> "RunWriteError":
+        """The same error with what to do next appended to its message."""
+        self.args = (f"{self.args[0]}; {hint}",)
+        return self

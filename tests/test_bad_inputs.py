@@ -19,6 +19,7 @@ from fednorm import api
 from fednorm.cli.main import main
 
 NO_CUDA = not torch.cuda.is_available()
+MAX_MESSAGE = 300  # characters: an error names the field and the fix, never dumps a config or a module
 
 
 def _unwritable(root: Path) -> str | None:
@@ -71,6 +72,7 @@ CASES = [
     (["run", "--seed", "-1"], "seed"),
     (["run", "--num-clients", "0"], "num_clients"),
     (["run", "--num-clients", "3", "--clients-per-round", "5"], "exceeds num_clients"),
+    (["run", "--clients-per-round", "11"], "clients_per_round to at most 10"),  # the default 10 clients
     (["run", "--attack", "sign_flip"], "num_byzantine"),
     (["run", "--dtype", "float16"], "invalid choice"),
     (["run", "--executor", "parallel"], "invalid choice"),
@@ -145,11 +147,30 @@ def test_bad_input_is_one_line_and_exit_2(argv, needle, paths, tmp_path, monkeyp
     lines = err.strip().splitlines()
     assert code == 2, (code, err)
     assert len(lines) == 1, err
+    assert len(lines[0]) <= MAX_MESSAGE, (len(lines[0]), err)
     assert lines[0].startswith("fednorm"), err
     assert needle in lines[0], err
     assert "Traceback" not in err + out
     assert sorted(os.listdir(paths["run"])) == before  # the earlier run is untouched
     assert not os.listdir(tmp_path), os.listdir(tmp_path)  # nothing was written
+
+
+def test_a_module_passed_as_model_is_a_short_config_error_naming_the_field():
+    from fednorm import run
+    from fednorm.errors import ConfigError
+
+    class Wide(torch.nn.Module):  # a repr of many lines, which the message must not quote
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(30)])
+
+    for module in (torch.nn.Linear(2, 2), Wide()):
+        with pytest.raises(ConfigError) as info:
+            run(model=module, rounds=1, write=False)
+        msg = str(info.value)
+        assert len(msg) <= MAX_MESSAGE and "\n" not in msg, msg
+        assert "model:" in msg and "registered model" in msg and "fednorm list models" in msg, msg
+        assert "in_features" not in msg, msg  # no module repr
 
 
 def test_the_table_is_large():

@@ -84,3 +84,24 @@ def test_hbn_norm_without_the_hbn_method_is_refused(capsys, tmp_path):
 def test_feature_norm_model_option_runs(tmp_path):
     assert main(["run", "--model", "ln_cnn", "--norm", "none", "--model-args", "{feature_norm: true}", "--rounds", "1",
                  "--num-clients", "2", "--out", str(tmp_path / "f"), "--quiet"]) == 0
+
+
+def _option_help(command: str, option: str) -> str:
+    import argparse
+
+    from fednorm.cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return next(a.help for a in sub.choices[command]._actions if option in a.option_strings)
+
+
+@pytest.mark.parametrize("command", ["run", "compare", "launch"])
+def test_threads_help_says_what_the_command_chooses(command):
+    """Without --threads the CLI picks the free cores (fednorm/cli/threads.py), not torch's default."""
+    text = " ".join(_option_help(command, "--threads").split())
+    assert "torch's choice" not in text
+    assert "free cores" in text and "load average" in text and "OMP_NUM_THREADS" in text, text
+
+
+def test_adapt_num_samples_help_states_its_default():
+    assert "(default: all of" in _option_help("adapt", "--num-samples")

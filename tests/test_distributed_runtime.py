@@ -138,6 +138,9 @@ def test_launch_survives_a_dead_rank_with_a_resumable_checkpoint(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 4 and summary["world_size"] == 3
+    # Off a terminal, rank 0 alone prints `fednorm run`'s line per evaluation (every round here).
+    progress = [line for line in resumed.stdout.splitlines() if ": test accuracy " in line]
+    assert [line.split(":")[0] for line in progress] == ["fedbn+bn round 3/4", "fedbn+bn round 4/4"], resumed.stdout
 
     reference = run(ExperimentConfig(dataset="digits", num_clients=4, rounds=4, model="mlp", method="fedbn",
                                      dtype="float64", augment=False, seed=5), write=False, progress=False)

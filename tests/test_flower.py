@@ -389,6 +389,37 @@ def _node_keys(d: Path, name: str) -> tuple[Path, Path]:
     return private, public
 
 
+def _deploy_doc_blocks() -> list[str]:
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    return [block.split("\n", 1)[1] for block in text.split("```")[1::2] if block.startswith("bash")]
+
+
+def test_deploy_doc_uses_flwr_141_settings_and_waits_for_the_superlink():
+    """docs/deploy.md: no deprecated `options.` connection fields; every --federation-config key is
+    one the installed flwr accepts; a SuperLink started in a block is polled until it answers
+    before any SuperNode or `flwr run` of that block (a `flwr run` sent too early fails, exit 0)."""
+    import re
+
+    from flwr.common.config import parse_config_args
+    from flwr.supercore.utils import simulation_config_from_json
+
+    blocks = _deploy_doc_blocks()
+    assert not [ln for b in blocks for ln in b.splitlines() if ln.strip().startswith("options.")]
+    settings = [m for b in blocks for m in re.findall(r'--federation-config "([^"]+)"', b)]
+    assert settings
+    for setting in settings:
+        parsed = {k.replace("-", "_"): v for k, v in parse_config_args([setting]).items()}
+        assert simulation_config_from_json(parsed).num_supernodes >= 1, setting  # unknown keys raise
+    started = [b for b in blocks if re.search(r"^flower-superlink .*", b, re.M)]
+    assert len(started) >= 3
+    for block in started:
+        lines = block.splitlines()
+        link = next(i for i, ln in enumerate(lines) if ln.startswith("flower-superlink"))
+        users = [i for i, ln in enumerate(lines) if ln.startswith(("flower-supernode", "flwr run"))]
+        wait = next((i for i, ln in enumerate(lines) if i > link and ln.startswith("until ") and "/health" in block), None)
+        assert wait is not None and all(wait < i for i in users), block
+
+
 class Federation:
     """A SuperLink and SuperNodes on fresh loopback ports, with their own FLWR_HOME. With
     ``simulation``, a simulation SuperLink whose ``num_nodes`` virtual SuperNodes run on Ray."""
@@ -413,10 +444,10 @@ class Federation:
         if auth:
             link.append("--enable-supernode-auth")
         conn = f'root-certificates = "{tls["ca"]}"' if tls else "insecure = true"
-        if simulation:
+        self.run_args: list[str] = []
+        if simulation:  # flwr 1.41's settings for `flwr run`, as docs/deploy.md gives them (not deprecated options.)
             link.append("--simulation")
-            conn += (f"\noptions.num-supernodes = {num_nodes}\noptions.backend.client-resources.num-cpus = 1"
-                     "\noptions.backend.init-args.num-cpus = 2")
+            self.run_args = ["--federation-config", f"num-supernodes={num_nodes} client-resources-num-cpus=1 init-args-num-cpus=2"]
         (flwr_home / "config.toml").write_text(
             f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{self.port}"\n{conn}\n')
         self._start("superlink", link)
@@ -467,7 +498,7 @@ class Federation:
 
     def run_app(self, app_dir: Path, out: Path, timeout: float = 300.0) -> str:
         """``flwr run`` and wait until the ServerApp wrote the run's summary; the final status."""
-        run_id = str(self.cli("run", str(app_dir), "test", "--format", "json")["run-id"])
+        run_id = str(self.cli("run", str(app_dir), "test", *self.run_args, "--format", "json")["run-id"])
         deadline = time.monotonic() + timeout
         status = "running"
         while time.monotonic() < deadline:

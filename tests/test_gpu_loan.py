@@ -58,7 +58,7 @@ def test_runs_are_packed_one_file_each_without_the_previous_checkpoint(tmp_path:
     for run in ("ln/table10/fedln__1cls/seed0", "ln/table10/fedfn__1cls/seed0"):
         d = work / run
         d.mkdir(parents=True)
-        for name in ("reproduce.json", "metrics.jsonl", "checkpoint.pt", "checkpoint.prev.pt", ".reproduce.lock"):
+        for name in ("reproduce.json", "metrics.jsonl", "checkpoint.pt", "checkpoint.prev.pt", ".fednorm.lock"):
             (d / name).write_text(name)
     (work / "ln" / "report.md").write_text("not a run")
     packed = gpu_loan.pack_runs(work, tmp_path / "out")
@@ -66,7 +66,7 @@ def test_runs_are_packed_one_file_each_without_the_previous_checkpoint(tmp_path:
     with tarfile.open(packed[1]) as tar:
         names = {Path(n).name for n in tar.getnames()}
     assert {"reproduce.json", "metrics.jsonl", "checkpoint.pt"} <= names
-    assert not names & {"checkpoint.prev.pt", ".reproduce.lock"}
+    assert not names & {"checkpoint.prev.pt", ".fednorm.lock"}
 
 
 _ORPHANING = """

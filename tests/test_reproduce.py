@@ -123,6 +123,33 @@ def test_shipped_tables_validate_at_both_scales(paper: str, tmp_path: Path) -> N
                 check_partition_args(s.config["partition"], s.config.get("partition_args") or {})
 
 
+def test_docs_table_of_tables_agrees_with_list_and_plan(tmp_path: Path, capsys) -> None:
+    """docs/reproduce.md's table of tables: its cells are those `fednorm reproduce --list` prints,
+    its runs those the suite plans at the default seeds (what `--dry-run` counts)."""
+    import re
+
+    assert main(["reproduce", "--list"]) == 0
+    listed, paper = {}, None
+    for line in capsys.readouterr().out.splitlines():
+        if not line.startswith(" "):
+            paper = line.split(":")[0]
+        elif m := re.match(r"\s+cells: (\d+) run", line):
+            listed[(paper, table_id)] = int(m.group(1))
+        elif m := re.match(r"  (\w+): ", line):
+            table_id = m.group(1)
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reproduce.md").read_text()
+    documented = {}
+    for line in text[text.index("## The tables"):text.index("## Full and reduced scale")].splitlines():
+        m = re.match(r"\| `(\w+)` \| `(\w+)`:.*\| (\d+)[^|]*\| (\d+)[^|]*\|$", line)
+        if m:
+            documented[(m.group(1), m.group(2))] = (int(m.group(3)), int(m.group(4)))
+    assert set(documented) == set(listed) and listed, (sorted(documented), sorted(listed))
+    for (paper, table_id), (cells, runs) in documented.items():
+        assert cells == listed[(paper, table_id)], (paper, table_id)
+        planned = plan(load_paper(paper, [table_id]), scale="full", out=tmp_path / paper)
+        assert runs == len(planned), (paper, table_id, len(planned))
+
+
 def test_table_file_errors_name_the_file(tmp_path: Path) -> None:
     (tmp_path / "hbn").mkdir()
     bad = tmp_path / "hbn" / "tiny.yaml"
@@ -254,18 +281,35 @@ def test_interrupted_run_resumes_from_its_checkpoint(tiny_configs: Path, tmp_pat
 
 
 def test_a_run_held_by_another_process_is_left_alone(tiny_configs: Path, tmp_path: Path) -> None:
-    import socket
+    """A run directory another live process holds (its writer lock) is not run; once that process
+    is killed, its lock is stale and the run is taken over."""
+    import signal
+    import subprocess
+    import sys
 
     (table,) = _tiny(tiny_configs)
     (spec,) = plan([table], scale="reduced", out=tmp_path, rows=["a"], columns=["x"])
-    spec.dir.mkdir(parents=True)
-    lock = spec.dir / runner.LOCK_NAME
-    lock.write_text(f"{os.getppid()} {socket.gethostname()}")  # a live process of this host
-    assert "running now" in run_state(spec).detail or run_state(spec).detail.startswith("being started")
-    outcome = runner.execute(spec, run_state(spec))
-    assert outcome.status == "running elsewhere" and not (spec.dir / "summary.json").exists() and lock.is_file()
-    lock.write_text(f"{2**22 + 12345} {socket.gethostname()}")  # no such process: a stale lock is taken over
-    assert runner.lock_holder(spec.dir) is None
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(spec.dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert run_state(spec).detail.startswith("being started by pid")
+        outcome = runner.execute(spec, run_state(spec))
+        assert outcome.status == "running elsewhere" and f"pid {holder.pid}" in outcome.error
+        assert not (spec.dir / "summary.json").exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert runner.lock_holder(spec.dir) is None  # the kernel dropped the dead process's lock
+    assert runner.execute(spec, run_state(spec)).status == "completed"
+
+
+HOLD_LOCK = """
+import sys, time
+from fednorm.engine.runlock import run_lock
+with run_lock(sys.argv[1], "test"):
+    print("held", flush=True)
+    time.sleep(600)
+"""
 
 
 def _suite(tiny_configs: Path, out: Path, log: Path, *extra: str):
@@ -638,3 +682,18 @@ def test_export_keeps_the_checkpoint_of_a_stated_fraction_or_a_small_finished_ru
     done = export_runs(tmp_path / "work", tmp_path / "dest", checkpoints=True, finished_limit=limit)
     assert len(done.copied) == 1
     assert target.is_file() == kept and (done.checkpoints == [target]) == kept
+
+
+def test_export_without_checkpoints_keeps_an_unfinished_runs_committed_checkpoint(tmp_path: Path) -> None:
+    """Exporting records only (no --export-checkpoints) onto a committed folder must not delete the
+    checkpoint an unfinished run resumes from (it deleted HBN Table 1's fbn_exact checkpoint)."""
+    from fednorm.reproduce.export import export_runs
+
+    _export_run(tmp_path / "work", 5, "interrupted")
+    target = _export_run(tmp_path / "dest", 5, "interrupted")
+    (target / "checkpoint.pt").write_bytes(b"state")
+    export_runs(tmp_path / "work", tmp_path / "dest")
+    assert (target / "checkpoint.pt").read_bytes() == b"state"
+    _export_run(tmp_path / "work", 5, "completed")  # once the run has finished, its old checkpoint goes
+    export_runs(tmp_path / "work", tmp_path / "dest")
+    assert not (target / "checkpoint.pt").exists()

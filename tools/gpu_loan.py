@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-EXCLUDE = {"checkpoint.prev.pt", ".reproduce.lock"}
+EXCLUDE = {"checkpoint.prev.pt", ".reproduce.lock", ".fednorm.lock"}
 
 
 @dataclass

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ..engine.outputs import json_safe
+from ..engine.runlock import holding_run_lock
 from .metrics import collapse_report, extract_features, local_overfitting, norm_report, sample_per_class, toggle_feature_norm
 
 __all__ = ["analyze_run", "pick_one_class_client", "format_table"]
@@ -41,6 +42,7 @@ def pick_one_class_client(histogram: np.ndarray) -> int:
 
 
 
+@holding_run_lock("analyze", "it is still training: analyze it once that run has finished")
 def analyze_run(
     run_dir: str | Path,
     *,

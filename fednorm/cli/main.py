@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import yaml
 
 from ..config import ExperimentConfig
-from ..errors import ConfigError, DatasetError, DivergenceError, FednormError, RoundFailedError
+from ..errors import ConfigError, DatasetError, DivergenceError, FednormError, RoundFailedError, RunWriteError
 from .errors import EXIT_BAD_INPUT, EXIT_FAILED, ArgumentParser, exit_code_for_signal, one_line_warnings
 
 __all__ = ["main", "build_parser", "QUICKSTART"]
@@ -46,6 +46,11 @@ QUICKSTART: dict[str, Any] = {
     "eval_every": 5,
     "seed": 0,
 }
+
+
+# Config fields a run records about itself rather than options a user sets (`fednorm run --resume
+# RUN --lr X` after a divergence appends to lr_restarts).
+_RECORDED_FIELDS = ("lr_restarts",)
 
 
 def _torch_version() -> str:
@@ -87,7 +92,9 @@ def _mapping(text: str) -> dict[str, Any]:
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise argparse.ArgumentTypeError(f"expected a YAML/JSON mapping, got '{text}' ({' '.join(str(exc).split())})") from None
+        mark = getattr(exc, "problem_mark", None)  # yaml's full message quotes the text twice, with carets
+        where = f" at column {mark.column + 1}" if mark is not None else ""
+        raise argparse.ArgumentTypeError(f"expected a YAML/JSON mapping, got '{text}' ({getattr(exc, 'problem', None) or 'not YAML'}{where})") from None
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -100,7 +107,7 @@ def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = (
     another (``fednorm compare`` starts from :data:`QUICKSTART`)."""
     group = parser.add_argument_group("experiment settings (override --config)")
     for name, field in ExperimentConfig.model_fields.items():
-        if name in skip:
+        if name in skip or name in _RECORDED_FIELDS:
             continue
         ann = field.annotation
         origin = typing.get_origin(ann)
@@ -195,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_cmp.add_argument("--variants", help="explicit variants 'method:norm,method:norm' (overrides --methods/--norms); "
                        "'method+client_opt:norm' adds a client optimizer (hbn+fedsam:hbn), 'centralized:norm' the reference")
     p_cmp.add_argument("--overwrite", action="store_true", help="write into an --out directory that holds an earlier comparison (its run files are deleted)")
+    p_cmp.add_argument("--resume", type=Path, metavar="OUT", help="continue an interrupted comparison from OUT/compare.json: "
+                       "finished variants are kept, the interrupted one resumes from its checkpoint, the rest run "
+                       "(only --rounds, --threads, --device, --eval-every, ... may be given)")
     p_cmp.add_argument("--quiet", action="store_true", help="no progress bars or progress lines")
     cmp_seeds = p_cmp.add_mutually_exclusive_group()
     cmp_seeds.add_argument("--seeds", metavar="S,S,...", help="run every variant once per seed in OUT/<variant>/seed<k> and "
@@ -234,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     who = p_adapt.add_mutually_exclusive_group(required=True)
     who.add_argument("--domain", help="a data source of the run's dataset (e.g. one left out with partition_args.sources)")
     who.add_argument("--client", type=int, help="a client id of the run")
-    p_adapt.add_argument("--num-samples", type=int, help="at most this many training samples for the statistics")
+    p_adapt.add_argument("--num-samples", type=int, help="at most this many training samples for the statistics "
+                         "(default: all of the domain's or the client's training samples)")
     p_adapt.add_argument("--data-dir", help="dataset folder, if not the run's")
 
     p_fl = sub.add_parser(
@@ -301,10 +312,12 @@ def _resolve_threads(cfg: ExperimentConfig) -> tuple[ExperimentConfig, str]:
     return cfg.model_copy(update={"threads": n}), why
 
 
-def _fresh_run_config(args: argparse.Namespace, command: str) -> ExperimentConfig:
+def _fresh_run_config(args: argparse.Namespace, command: str, held: Any = None) -> ExperimentConfig:
     """The config of a new ``fednorm run``/``launch``, with a run directory that loses nothing:
     a repeat from a run's own ``config.yaml`` goes to a new directory beside it; any other
-    directory holding a run is refused unless ``--overwrite`` (then its run files are deleted)."""
+    directory holding a run is refused unless ``--overwrite`` (then its run files are deleted).
+    With ``held`` (a :class:`contextlib.ExitStack`), the directory's writer lock is taken into it
+    before anything is checked or deleted, so a live run is never overwritten or joined."""
     from . import rundir
 
     cfg = _config_from(args)
@@ -318,6 +331,11 @@ def _fresh_run_config(args: argparse.Namespace, command: str) -> ExperimentConfi
         new = rundir.next_free(out)
         print(f"repeating the run of {out} in a new directory {new} ({out} is left as it is)", flush=True)
         return cfg.model_copy(update={"out": str(new)})
+    if held is not None:
+        from ..engine.runlock import run_lock
+
+        rundir.check_writable(out)
+        held.enter_context(run_lock(out, "run"))
     rundir.check_run_dir(out, overwrite=overwrite, command=command)
     if overwrite and rundir.holds_run(out):
         from ..api import check_device
@@ -344,23 +362,26 @@ def run_command(args: argparse.Namespace, *, simulation: Any = None, quiet: bool
         simulation = announcing(simulation)  # "model ...: N parameters" once the model is built
     progress = False if (args.quiet or quiet) else None
     on_round = None
-    if plain and progress is None:
+    if progress is None:  # also rank 0 of `fednorm launch` (the other ranks are quiet)
         from .progress import ProgressLines, wants_lines
 
         on_round = ProgressLines() if wants_lines() else None
     if getattr(args, "overwrite", False) and args.resume is not None:
         raise ConfigError("--overwrite starts a run again and --resume continues one; pass one of them")
-    if args.resume is not None:
-        if args.config is not None:
-            raise ConfigError("--resume takes its settings from RUN_DIR/config.yaml; do not pass --config")
-        fields = {k: v for k, v in vars(args).items() if k in ExperimentConfig.model_fields}
-        result = run(resume=args.resume, progress=progress, simulation=simulation, on_round=on_round, **fields)
-    else:
-        if plain:
-            cfg, _ = _resolve_threads(_fresh_run_config(args, "fednorm run"))
+    import contextlib
+
+    with contextlib.ExitStack() as held:
+        if args.resume is not None:
+            if args.config is not None:
+                raise ConfigError("--resume takes its settings from RUN_DIR/config.yaml; do not pass --config")
+            fields = {k: v for k, v in vars(args).items() if k in ExperimentConfig.model_fields}
+            result = run(resume=args.resume, progress=progress, simulation=simulation, on_round=on_round, **fields)
         else:
-            cfg = _config_from(args)
-        result = run(cfg, progress=progress, simulation=simulation, on_round=on_round)
+            if plain:
+                cfg, _ = _resolve_threads(_fresh_run_config(args, "fednorm run", held))
+            else:
+                cfg = _config_from(args)
+            result = run(cfg, progress=progress, simulation=simulation, on_round=on_round)
     if quiet:
         return 0
     s = result.summary
@@ -457,7 +478,15 @@ def _seed_list(args: argparse.Namespace, first: int) -> list[int]:
 
 def _cmd_launch(args: argparse.Namespace, forwarded: list[str]) -> int:
     """Start ``--nproc`` workers with torchrun on this machine; each runs ``fednorm run`` on its
-    share of the clients (fednorm.distributed)."""
+    share of the clients (fednorm.distributed). The launcher holds the run directory's writer
+    lock for the workers' whole life; rank 0 writes under it (fednorm.engine.runlock)."""
+    import contextlib
+
+    with contextlib.ExitStack() as held:
+        return _launch(args, forwarded, held)
+
+
+def _launch(args: argparse.Namespace, forwarded: list[str], held: Any) -> int:
     import os
     import signal
     import subprocess
@@ -470,7 +499,7 @@ def _cmd_launch(args: argparse.Namespace, forwarded: list[str]) -> int:
     if args.overwrite and args.resume is not None:
         raise ConfigError("--overwrite starts a run again and --resume continues one; pass one of them")
     if args.resume is None:
-        cfg = _fresh_run_config(args, "fednorm launch --nproc N")  # validate here, before any process starts
+        cfg = _fresh_run_config(args, "fednorm launch --nproc N", held)  # validate here, before any process starts
         if cfg.out is None:  # one run directory for every rank
             cfg = cfg.model_copy(update={"out": str(default_run_dir(cfg))})
         forwarded = [a for a in forwarded if a != "--overwrite"]
@@ -481,7 +510,11 @@ def _cmd_launch(args: argparse.Namespace, forwarded: list[str]) -> int:
            "-m", "fednorm.distributed", *worker, *forwarded]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
+    from ..engine.runlock import inherit_env, run_lock
+
     run_dir = Path(args.resume) if args.resume is not None else Path(cfg.out)
+    held.enter_context(run_lock(run_dir, "launch"))  # re-entrant: _fresh_run_config may hold it already
+    env = inherit_env([run_dir], env)
     # torchrun and the workers run in their own session, so a Ctrl-C reaches this process only
     # (torchrun would answer it with a traceback). The first SIGINT/SIGTERM asks the workers, by
     # the stop file, to stop together after their round with a checkpoint; a second stops them now.
@@ -538,6 +571,55 @@ def _method_variant(name: str, base_method: str) -> dict[str, str]:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
+    if args.resume is not None:
+        return _compare_resume_command(args)
+    import contextlib
+
+    from ..engine.runlock import run_lock
+
+    with contextlib.ExitStack() as held:
+        return _compare_command(args, lambda out: held.enter_context(run_lock(out, "compare")))
+
+
+def _compare_resume_command(args: argparse.Namespace) -> int:
+    """``fednorm compare --resume OUT``: the comparison of ``OUT/compare.json``, continued."""
+    from ..api import RESUMABLE_OVERRIDES, compare
+
+    given = [k for k in vars(args) if k in ExperimentConfig.model_fields and k not in RESUMABLE_OVERRIDES]
+    others = [o for o, on in (("--config", args.config), ("--methods", args.methods), ("--norms", args.norms),
+                              ("--variants", args.variants), ("--client-opts", args.client_opts), ("--overwrite", args.overwrite),
+                              ("--seeds", args.seeds), ("--num-seeds", args.num_seeds)) if on]
+    if given or others:
+        names = others + ["--" + k.replace("_", "-") for k in given]
+        raise ConfigError(f"--resume takes the comparison's settings from OUT/compare.json; drop {', '.join(names)} (only "
+                          "--rounds, --threads, --device, --eval-every, --checkpoint-every may change)")
+    overrides = {k: v for k, v in vars(args).items() if k in RESUMABLE_OVERRIDES}
+    if "threads" not in overrides:
+        from .threads import choose_threads
+
+        overrides["threads"], _ = choose_threads()
+    on_round = None
+    if not args.quiet:
+        from .progress import ProgressLines, wants_lines
+
+        on_round = ProgressLines() if wants_lines() else None
+    print(f"resuming the comparison in {args.resume}", flush=True)
+    result = compare(resume=args.resume, progress=False if args.quiet else None, on_round=on_round, **overrides)
+    return _print_comparison(result, args.resume)
+
+
+def _print_comparison(result: Any, out: Path) -> int:
+    print(result.markdown())
+    if result.results:
+        print(f"\n{result.headline()}")
+    print(f"\ntable: {out / 'results.md'}  csv: {out / 'results.csv'}" + (f"  plot: {out / 'accuracy.png'}" if result.results else ""))
+    if result.stop_signal is not None:
+        print(f"interrupted; continue with: fednorm compare --resume {out}", file=sys.stderr)
+        return exit_code_for_signal(result.stop_signal)
+    return 0
+
+
+def _compare_command(args: argparse.Namespace, lock: Any) -> int:
     from ..api import DEFAULT_VARIANTS, compare, plan_variants
     from ..centralized import CENTRALIZED, centralized_overrides
     from . import rundir
@@ -575,18 +657,20 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         out = Path("runs") / f"compare-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
         out = rundir.next_free(out) if out.exists() else out
     rundir.check_writable(out)
+    lock(out)  # one writer: a second compare into OUT, or a --resume of a live one, is refused
     if args.seeds is not None or args.num_seeds is not None:  # one run per variant and seed (fednorm/seeds.py)
         return _compare_seeds_command(args, cfg, variants, out)
     earlier = rundir.holds_comparison(out)
     if earlier and not args.overwrite:
-        raise ConfigError(f"{out} already holds a comparison; start it again with --overwrite or pass another --out")
+        raise ConfigError(f"{out} already holds a comparison; continue it with `fednorm compare --resume {out}`, start "
+                          "it again with --overwrite, or pass another --out")
     cfg, why = _resolve_threads(cfg.model_copy(update={"out": None}))
     plan_variants(cfg, variants, out)  # every variant valid before anything is deleted or trained
     if earlier:
         for child in [out, *sorted(c for c in out.iterdir() if c.is_dir())]:
             if rundir.holds_run(child):
                 rundir.clear_run(child)
-        for name in ("results.md", "results.csv", "accuracy.png"):
+        for name in ("results.md", "results.csv", "accuracy.png", "compare.json"):
             (out / name).unlink(missing_ok=True)
         print(f"--overwrite: deleted the earlier comparison in {out}", flush=True)
     on_round = None
@@ -601,13 +685,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     )
     result = compare(cfg, variants=variants, out=out, progress=False if args.quiet else None, on_round=on_round)
     getattr(on_round, "close", lambda: None)()
-    print(result.markdown())
-    if result.results:
-        print(f"\n{result.headline()}")
-    print(f"\ntable: {out / 'results.md'}  csv: {out / 'results.csv'}" + (f"  plot: {out / 'accuracy.png'}" if result.results else ""))
-    if result.stop_signal is not None:
-        return exit_code_for_signal(result.stop_signal)
-    return 0
+    return _print_comparison(result, out)
 
 
 def _compare_seeds_command(args: argparse.Namespace, cfg: ExperimentConfig, variants: list[dict[str, Any]], out: Path) -> int:
@@ -812,7 +890,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         text = " ".join(str(exc).replace("You can use download=True to download it", "Pass --download true to download it").split())
         print(f"fednorm {args.command}: error: {text}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (DivergenceError, RoundFailedError, CheckpointError) as exc:
+    except (DivergenceError, RoundFailedError, CheckpointError, RunWriteError) as exc:
         print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:  # a disk that filled up or a folder that vanished while running

@@ -2,9 +2,11 @@
 
 When stdout is not a terminal (a log file, a pipe, a batch scheduler) the tqdm bar is off, and a
 long run would print nothing for minutes. :class:`ProgressLines` prints one line per evaluation
-instead: the round, the test accuracy, the time so far and an estimate of the time left::
+instead: the round, the test accuracy (with ε at δ on a differentially private run), the time so
+far and an estimate of the time left::
 
     [3/8] fedln+ln round 10/15: test accuracy 71.32%, elapsed 12s, ETA 6s
+    fedavg+bn round 3/15: test accuracy 41.20%, epsilon 187 at delta 1e-05, elapsed 4s, ETA 16s
 """
 
 from __future__ import annotations
@@ -69,8 +71,10 @@ class ProgressLines(Callback):
         prefix = f"[{self._index}/{self.variants}] " if self.variants else ""
         acc = record.metrics.get("test_accuracy")
         acc_txt = "n/a" if acc is None else f"{100 * acc:.2f}%"
-        line = (f"{prefix}{cfg.method}+{cfg.norm} round {record.server_round}/{cfg.rounds}: test accuracy {acc_txt}, "
-                f"elapsed {format_seconds(elapsed)}, ETA {format_seconds(eta)}")
+        eps = record.metrics.get("dp/epsilon")  # a DP run's accuracy is read with the privacy it cost
+        eps_txt = "" if eps is None else f", epsilon {eps:.3g} at delta {record.metrics.get('dp/delta', float('nan')):g}"
+        line = (f"{prefix}{cfg.method}+{cfg.norm} round {record.server_round}/{cfg.rounds}: test accuracy {acc_txt}"
+                f"{eps_txt}, elapsed {format_seconds(elapsed)}, ETA {format_seconds(eta)}")
         stream = self.stream or sys.stdout
         print(line, file=stream, flush=True)
 

@@ -123,6 +123,6 @@ def holds_comparison(path: str | Path) -> bool:
     p = Path(path)
     if not p.is_dir():
         return False
-    if any((p / name).exists() for name in ("results.md", "results.csv")):
+    if any((p / name).exists() for name in ("results.md", "results.csv", "compare.json")):
         return True
     return any(holds_run(child) for child in p.iterdir() if child.is_dir())

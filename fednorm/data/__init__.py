@@ -27,6 +27,7 @@ from .presets import Digits5, DomainNet, ImageFolder, OfficeCaltech10
 from .hf import HFImageDataset  # registers --dataset hf:<path> (datasets is imported only when used)
 from .download import check_integrity, download_url, extract_archive
 from .federated import FederatedData, build_federated_data
+from . import provenance  # registers dataset/partition user:NAME (data given from Python)
 from .partition import (
     PARTITIONS,
     describe,

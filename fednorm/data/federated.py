@@ -37,6 +37,10 @@ class FederatedData:
         augment: apply random crop + flip to training batches.
         domain_names: the sources of a multi-source dataset (``None`` otherwise).
         client_domain: the source of each client when each holds one source, else ``None``.
+        name: what a run records the data as when it was not built from the run's config
+            (``dataset: user:NAME``; default: ``info.name``).
+        recipe: the config fields it was built from (:func:`federated_data_from_config`), so a
+            run can tell its config's data from data of the user's own.
     """
 
     info: DatasetInfo
@@ -49,6 +53,8 @@ class FederatedData:
     augment: bool = False
     domain_names: list[str] | None = None
     client_domain: list[int] | None = None
+    name: str | None = None
+    recipe: dict | None = None
 
     @property
     def num_clients(self) -> int:
@@ -99,6 +105,10 @@ def build_federated_data(
         PartitionError: the partition is impossible (e.g. more clients than samples).
         DatasetError: the files are missing or corrupt.
     """
+    from .provenance import is_user_dataset, user_data_error
+
+    if is_user_dataset(dataset):
+        raise user_data_error(dataset)
     options = dict(dataset_args or {})
     train = load_dataset(dataset, data_dir, train=True, download=download, **options)
     test = load_dataset(dataset, data_dir, train=False, download=download, **options)
@@ -194,8 +204,10 @@ def cached_federated_data(
 
 def federated_data_from_config(config: object) -> FederatedData:
     """:func:`build_federated_data` with the data and partition fields of an ``ExperimentConfig``."""
+    from .provenance import data_recipe
+
     c = config
-    return build_federated_data(
+    data = build_federated_data(
         c.dataset,  # type: ignore[attr-defined]
         num_clients=c.num_clients,  # type: ignore[attr-defined]
         partition_name=c.partition,  # type: ignore[attr-defined]
@@ -213,3 +225,5 @@ def federated_data_from_config(config: object) -> FederatedData:
             **c.partition_args,  # type: ignore[attr-defined]
         },
     )
+    data.recipe = data_recipe(config)
+    return data

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..engine.runlock import holding_run_lock
 from ..errors import ConfigError
 from ..rng import numpy_rng
 from .runner import Diagnostics
@@ -109,6 +110,7 @@ def _by_layer(figures: dict[str, float], strip: str = "") -> dict[str, dict[str,
     return out
 
 
+@holding_run_lock("diagnose", "it is still training: diagnose it once that run has finished", unless="write")
 def diagnose_run(
     run_dir: str | Path,
     *,

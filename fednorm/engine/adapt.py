@@ -137,6 +137,9 @@ class AdaptResult:
         accuracy_averaged_stats: with the clients' averaged statistics instead (no adaptation).
         num_stat_samples, num_test: samples used for statistics and for testing.
         source: what the new client's data is (``domain:<name>`` or ``client:<id>``).
+        new_client: False when the run trained on this data: a client of the run, or a domain
+            some client held (then the accuracy is not a new client's, and ``note`` says so).
+        note: why the result is not a new client's, else empty.
         statistics: per BN layer ``(mean, unbiased variance)`` in float64.
         state: the adapted model's state dict.
     """
@@ -147,6 +150,8 @@ class AdaptResult:
     num_test: int
     source: str
     method: str
+    new_client: bool = True
+    note: str = ""
     statistics: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(repr=False, default_factory=dict)
     state: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
 
@@ -158,7 +163,32 @@ class AdaptResult:
             "accuracy_averaged_stats": self.accuracy_averaged_stats,
             "num_stat_samples": self.num_stat_samples,
             "num_test": self.num_test,
+            "new_client": self.new_client,
+            **({"note": self.note} if self.note else {}),
         }
+
+    def describe(self) -> str:
+        """One line for a person, accuracies in percent (:meth:`summary` keeps the fractions: it
+        is the data written to ``adapt-*.json``)."""
+        pct = lambda a: "n/a" if math.isnan(a) else f"{100 * a:.2f}%"  # noqa: E731
+        who = "a new client" if self.new_client else "data the run trained on"
+        return (f"{self.method} on {who} ({self.source}): test accuracy {pct(self.accuracy)} with its own BN "
+                f"statistics ({self.num_stat_samples} samples), {pct(self.accuracy_averaged_stats)} with the clients' "
+                f"averaged statistics; {self.num_test} test samples" + (f" ({self.note})" if self.note else ""))
+
+
+def _clients_of_domain(sim: Any, domain: str) -> list[int]:
+    """The run's clients that trained on ``domain`` (with data of it); all of them when the
+    clients mix the sources (no single source per client): each then holds some of every one."""
+    data, cfg = sim.data, sim.config
+    names = [n.lower() for n in data.domain_names or []]
+    holders = [c for c in range(data.num_clients) if len(data.client_train[c])]
+    if data.client_domain is not None:
+        return [c for c in holders if names[data.client_domain[c]] == domain.lower()]
+    sources = cfg.partition_args.get("sources") if cfg.partition == "domains" else None
+    if sources and domain.lower() not in {str(s).lower() for s in sources}:
+        return []
+    return holders
 
 
 def _domain_data(sim: Any, domain: str, num_samples: int | None, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -225,6 +255,12 @@ def adapt(
     if domain is not None:
         x, _, xt, yt = _domain_data(sim, domain, num_samples, cfg.seed)
         source = f"domain:{domain}"
+        trained = _clients_of_domain(sim, domain)
+        note = ""
+        if trained:  # FedBN App. G's recipe is for data the federation never saw
+            shown = ", ".join(map(str, trained[:5])) + (", ..." if len(trained) > 5 else "")
+            note = (f"not a new client: the run trained on domain '{domain}' (client{'s' if len(trained) > 1 else ''} "
+                    f"{shown}); leave it out with partition_args {{sources: [...]}} to evaluate a new one")
     else:
         assert client is not None
         if not 0 <= client < sim.data.num_clients:
@@ -234,6 +270,7 @@ def adapt(
             ix = ix[:num_samples]
         x, xt, yt = sim.data.train_x[ix], sim.data.test_x[sim.data.client_test[client]], sim.data.test_y[sim.data.client_test[client]]
         source = f"client:{client}"
+        trained, note = [client], ""  # a client of the run, from its own split (docs/fedbn.md): asked for as such
     x, xt, yt = x.to(sim.device, sim.dtype), xt.to(sim.device, sim.dtype), yt.to(sim.device)
     state = averaged_state(sim.global_state, sim.bank.state_dict(), sim.method.local_keys)
     model = sim.global_model(state)
@@ -242,7 +279,8 @@ def adapt(
     after = evaluate(model, xt, yt, batch_size=batch_size).accuracy if len(xt) else math.nan
     result = AdaptResult(
         accuracy=after, accuracy_averaged_stats=before, num_stat_samples=len(x), num_test=len(xt), source=source,
-        method=cfg.method, statistics=stats, state={k: v.detach().clone() for k, v in model.state_dict().items()},
+        method=cfg.method, new_client=not trained, note=note, statistics=stats,
+        state={k: v.detach().clone() for k, v in model.state_dict().items()},
     )  # fmt: skip
     if write:
         name = source.replace(":", "-")

@@ -126,9 +126,17 @@ def test_adapt_a_held_out_source_end_to_end_api_and_cli(tmp_path, capsys):
         torch.testing.assert_close(out.statistics[name][0], mean, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(out.statistics[name][1], var, rtol=1e-10, atol=1e-12)
     assert json.loads((tmp_path / "run" / "adapt-domain-c.json").read_text())["accuracy"] == out.accuracy
+    assert out.new_client and "note" not in out.summary()  # c was left out of training
+
+    # a trained source is not a new client, and the output says so (whose data it was)
+    assert main(["adapt", str(tmp_path / "run"), "--domain", "b"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    owner = sim.data.client_domain.index(1)  # the client that held source b
+    assert printed["new_client"] is False
+    assert "not a new client" in printed["note"] and f"client {owner})" in printed["note"], printed["note"]
 
     assert main(["adapt", str(tmp_path / "run"), "--client", "1"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert printed["source"] == "client:1" and printed["num_test"] == 4
+    assert printed["source"] == "client:1" and printed["num_test"] == 4 and printed["new_client"] is False
     assert main(["adapt", str(tmp_path / "run"), "--domain", "zzz"]) == 2
     assert "Valid values are" in capsys.readouterr().err

@@ -16,6 +16,7 @@ state changes, as torch's ``_version`` for modules) and the ``fednorm_version`` 
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 import warnings
@@ -158,8 +159,12 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
     fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX, dir=run_dir)
     tmp = Path(tmp_name)
     try:
+        # Serialised in memory first: torch.save's writer turns a failed write (a full disk, a
+        # file-size limit) into a RuntimeError without the cause; a plain write keeps the OSError.
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
         with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
+            f.write(buffer.getbuffer())
             f.flush()
             os.fsync(f.fileno())
         if current.exists():

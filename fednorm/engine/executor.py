@@ -8,6 +8,7 @@ shared result into a stacked ``[K, ...]`` buffer, which is what methods aggregat
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 from torch import nn
@@ -16,7 +17,7 @@ from ..data.federated import FederatedData
 from ..errors import DivergenceError, InconsistentUpdateError
 from ..methods.base import ClientContext, ClientUpdates, Method, stack_rows
 from .bank import ClientStateBank
-from .local import LocalSpec, batch_plan, train_local
+from .local import LocalSpec, batch_plan, small_clients_message, train_local
 from .rng import derive_seed, torch_generator
 
 __all__ = ["Executor", "SequentialExecutor", "MOMENTUM_PREFIX", "stack_uploads"]
@@ -45,6 +46,10 @@ class Executor:
         self.spec = spec
         self.seed = seed
         self.last_samples_seen = 0
+        # Said once per run (an executor is built once; the vectorized one checks what can fail first).
+        message = small_clients_message([len(idx) for idx in data.client_train], spec.batch_size)
+        if message is not None:
+            warnings.warn(message, stacklevel=3)
 
     def client_local(self, client_id: int, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The client's persistent state: from the bank, or the method's initial state."""

@@ -10,7 +10,7 @@ persistent client momentum.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ from torch import nn
 from ..errors import DivergenceError
 from ..nn.nf import adaptive_grad_clip_
 
-__all__ = ["LocalSpec", "LocalResult", "batch_plan", "train_local"]
+__all__ = ["LocalSpec", "LocalResult", "batch_plan", "small_clients_message", "train_local"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,19 @@ def batch_plan(
             chunks = chunks[:-1]
         plan.extend(chunks)
     return plan
+
+
+def small_clients_message(sizes: Sequence[int], batch_size: int) -> str | None:
+    """The warning for clients holding fewer samples than one batch, else None.
+
+    :func:`batch_plan` gives such a client batches of all its samples (a smaller batch than the
+    config says, and for BatchNorm noisier statistics), so a run says so once rather than not at all.
+    """
+    small = [n for n in sizes if 0 < n < batch_size]
+    if not small:
+        return None
+    return (f"batch_size={batch_size} exceeds the training samples of {len(small)} of {len(sizes)} clients "
+            f"(the smallest has {min(small)}); each of them trains on batches of all its samples instead")
 
 
 @torch.no_grad()

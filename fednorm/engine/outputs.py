@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ExperimentConfig
+from ..errors import RunWriteError
 
 __all__ = ["RunWriter", "read_metrics", "read_summary", "default_run_dir", "json_safe"]
 
@@ -52,26 +53,43 @@ class RunWriter:
         so evaluations logged after that checkpoint (and recomputed now) are not duplicated.
         """
         self.dir = Path(out_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunWriteError(self.dir, exc) from exc
         self._atomic_write("config.yaml", config.to_yaml())
-        if history is not None:
-            self._atomic_write("metrics.jsonl", "".join(json.dumps(json_safe(r)) + "\n" for r in history))
-            self._metrics = open(self.dir / "metrics.jsonl", "a")
-        else:
-            self._metrics = open(self.dir / "metrics.jsonl", "w")
+        try:
+            if history is not None:
+                self._atomic_write("metrics.jsonl", "".join(json.dumps(json_safe(r)) + "\n" for r in history))
+                self._metrics = open(self.dir / "metrics.jsonl", "a")
+            else:
+                self._metrics = open(self.dir / "metrics.jsonl", "w")
+        except OSError as exc:
+            raise RunWriteError(self.dir / "metrics.jsonl", exc) from exc
 
     def _atomic_write(self, name: str, text: str) -> None:
+        """Write ``name`` whole or not at all; a failure (full disk, size limit) names the file."""
         tmp = self.dir / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, self.dir / name)
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, self.dir / name)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise RunWriteError(self.dir / name, exc) from exc
 
     def log(self, record: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(json_safe(record)) + "\n")
-        self._metrics.flush()
+        try:
+            self._metrics.write(json.dumps(json_safe(record)) + "\n")
+            self._metrics.flush()
+        except OSError as exc:
+            raise RunWriteError(self.dir / "metrics.jsonl", exc) from exc
 
     def finish(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
-        self.close()
+        try:
+            self.close()
+        except OSError:  # a metrics line that could not be flushed: the summary says why the run failed
+            pass
         self._atomic_write("summary.json", json.dumps(json_safe(summary), indent=2) + "\n")
         # A curve needs two points: a one-evaluation run (a smoke test, `--rounds 1`) skips
         # matplotlib, which costs more than such a run's training (about 1.5 s of import and
@@ -80,11 +98,16 @@ class RunWriter:
             from ..plotting import plot_accuracy
 
             cfg = self.config
-            plot_accuracy(history, self.dir / "accuracy.png", title=f"{cfg.method} + {cfg.norm} on {cfg.dataset} ({cfg.partition})")
-            if any("diag/seconds" in h for h in history):  # --diagnostics (fednorm.diagnostics)
-                from ..diagnostics import plot_diagnostics
+            try:  # the results are written: a plot that cannot be is a warning, not a failed run
+                plot_accuracy(history, self.dir / "accuracy.png", title=f"{cfg.method} + {cfg.norm} on {cfg.dataset} ({cfg.partition})")
+                if any("diag/seconds" in h for h in history):  # --diagnostics (fednorm.diagnostics)
+                    from ..diagnostics import plot_diagnostics
 
-                plot_diagnostics({cfg.method: history}, self.dir / "diagnostics.png", title=f"{cfg.method} + {cfg.norm}")
+                    plot_diagnostics({cfg.method: history}, self.dir / "diagnostics.png", title=f"{cfg.method} + {cfg.norm}")
+            except OSError as exc:
+                import warnings
+
+                warnings.warn(f"could not write the plots of {self.dir}: {exc.strerror or exc}", stacklevel=2)
 
     def close(self) -> None:
         if not self._metrics.closed:

@@ -69,6 +69,23 @@ def check_names(config: ExperimentConfig) -> None:
             raise ConfigError(f"{field_name}: {exc}") from None
 
 
+def _round_failure(server_round: int, answered: int, sampled: int, min_clients: int, events: list[dict[str, Any]],
+                   faults: dict[int, str]) -> Exception:
+    """One line on a round too few clients answered: the causes counted by kind with one example
+    each (a list of every client runs to pages with many clients). When every client's update
+    was NaN/Inf by itself (no injected fault) the training diverged: a :class:`DivergenceError`."""
+    if events and all(e["kind"] == "non_finite_update" and faults.get(e["client"]) != "nan" for e in events):
+        e = events[0]
+        return DivergenceError(f"round {server_round}: the updates of {len(events)} of {sampled} sampled clients are "
+                               f"NaN/Inf (client {e['client']}: {e['detail']})")
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        kinds.setdefault(e["kind"], []).append(e)
+    causes = "; ".join(f"{len(es)} {kind} (e.g. client {es[0]['client']}: {es[0]['detail']})" for kind, es in kinds.items())
+    return RoundFailedError(f"round {server_round}: only {answered} of {sampled} sampled clients answered, fewer than "
+                            f"min_clients={min_clients} ({causes or 'no client was sampled'})")
+
+
 def _fednorm_version() -> str:
     from .. import __version__  # at call time: fednorm/__init__ imports this module first
 
@@ -402,11 +419,7 @@ class Simulation:
         for e in events:
             self.dropped[e["kind"]] = self.dropped.get(e["kind"], 0) + 1
         if len(keep) < cfg.min_clients:
-            causes = "; ".join(f"client {e['client']}: {e['kind']} ({e['detail']})" for e in events) or "no client was sampled"
-            raise RoundFailedError(
-                f"round {server_round}: only {len(keep)} of {len(clients)} sampled clients answered, "
-                f"fewer than min_clients={cfg.min_clients} ({causes})"
-            )
+            raise _round_failure(server_round, len(keep), len(clients), cfg.min_clients, events, faults)
         assert updates is not None
         if len(keep) < len(updates):
             updates = updates.subset(keep)
@@ -660,6 +673,7 @@ class Simulation:
             "threads": torch.get_num_threads(),
             "torch_version": torch.__version__,
             "fednorm_version": _fednorm_version(),
+            "personalized": bool(self.method.personalized),  # evaluated per client (FedBN): not one global model
             "method_summary": self.method.summary(),
             "method_report": self.method.report(self),
             "dropped_clients": dict(self.dropped),

@@ -117,6 +117,12 @@ class VectorizedExecutor(Executor):
         blockers = vectorization_blockers(method)
         if blockers:
             raise NotStackableError("; ".join(blockers))
+        # Verify once with two clients (the check does not depend on K), before the base class
+        # warns about anything: a model that fails here runs on the sequential executor instead.
+        example = data.train_x[: min(4, len(data.train_x))]
+        if len(example) < 2:
+            raise NotStackableError("need at least two training samples to verify the stacked model")
+        stack_model(model, 2, example_input=example)
         super().__init__(model, method, data, bank, spec, seed)
         # Parameters, gradients and momentum of K clients live at once: cap K by a memory budget.
         model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
@@ -135,11 +141,6 @@ class VectorizedExecutor(Executor):
         # large enough that a CPU runs it faster one by one (fednorm/engine/cost.py).
         self.sequential_after_sync = False
         self._plain: nn.Module | None = None
-        # Verify once with two clients: the check does not depend on K.
-        example = data.train_x[: min(4, len(data.train_x))]
-        if len(example) < 2:
-            raise NotStackableError("need at least two training samples to verify the stacked model")
-        stack_model(model, 2, example_input=example)
         self._trainable = {name for name, p in model.named_parameters() if p.requires_grad}
 
     # -- state movement ---------------------------------------------------------------------

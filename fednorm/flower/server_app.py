@@ -107,8 +107,9 @@ def make_server_app(config: ExperimentConfig | None = None, *, num_nodes: int | 
         if results is not None:
             results.append(result)
         s = result.summary
+        acc = s.get("final_test_accuracy")  # a fraction in summary.json; a person reads percent
         print(f"fednorm: {s['method']}+{s['norm']} {s['status']} after {s['rounds']} rounds, final test accuracy "
-              f"{s['final_test_accuracy']}, run directory {result.out_dir}", flush=True)
+              f"{'n/a' if acc is None else f'{100 * acc:.2f}%'}, run directory {result.out_dir}", flush=True)
 
     return server
 

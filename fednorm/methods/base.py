@@ -439,8 +439,15 @@ class Method:
         return None
 
     def report(self, sim: ServerView) -> dict[str, Any]:
-        """Method-specific figures for ``summary.json`` (default: none)."""
-        return {}
+        """Figures for ``summary.json``'s ``method_report``: the method's own (default: none), and
+        under client-level DP the privacy spent (``privacy``: ``epsilon`` at ``delta``, ...), since
+        a DP run's accuracy means little without it. Overrides merge ``super().report(sim)``."""
+        privacy = getattr(sim, "privacy", None)  # fednorm.privacy.ClientLevelDP on a DP run, else None
+        config = getattr(sim, "config", None)
+        if privacy is None or config is None:
+            return {}
+        spent = privacy.metrics(config.dp_delta)  # the evaluation records' dp/... figures, at the last round
+        return {"privacy": {k.removeprefix("dp/"): v for k, v in spent.items()}}
 
     # -- communication ----------------------------------------------------------------------
     def comm_rounds_per_round(self, model: nn.Module) -> int:

@@ -466,7 +466,7 @@ class HBN(FedAvg):
                     "batch_weight_max": max(weights),
                     "clients": len(weights),
                 }
-        return {"hbn_batch_weight": out}
+        return {**super().report(sim), "hbn_batch_weight": out}
 
     def state_dict(self) -> dict[str, Any]:
         return {"initialised": self._initialised, "pools": self._pools, "last_round_clients": list(self._last_round_clients)}

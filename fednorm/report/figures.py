@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..plotting import _figure, plot_histogram
+from ..plotting import _figure, curve_style, integer_ticks, legend_below, plot_histogram
 from ..seeds import plot_seed_comparison
 from .collect import Variant
 
@@ -25,10 +25,11 @@ class Figure:
 
 def _setting(config: dict[str, Any]) -> str:
     """The data a variant trains on (one curve figure each): dataset, partition and its skew, clients."""
-    skew = {"dirichlet": f" alpha={config.get('alpha')}", "quantity": f" alpha={config.get('alpha')}",
-            "classes": f" {config.get('classes_per_client')} classes/client", "gamma": f" gamma={config.get('gamma')}"}
+    skew = {"dirichlet": f"dirichlet alpha={config.get('alpha')}", "quantity": f"quantity alpha={config.get('alpha')}",
+            "classes": f"classes, {config.get('classes_per_client')} classes/client", "gamma": f"gamma={config.get('gamma')}"}
     part = str(config.get("partition"))
-    return f"{config.get('dataset')}, {part}{skew.get(part, '')}, {config.get('num_clients')} clients"
+    n = config.get("num_clients")
+    return f"{config.get('dataset')}, {skew.get(part, part)}, {n} client{'' if n == 1 else 's'}"
 
 
 def curve_figures(variants: list[Variant], out: Path) -> list[Figure]:
@@ -62,17 +63,19 @@ def domain_figure(variants: list[Variant], out: Path) -> Figure | None:
     ax = fig.subplots()
     width = 0.8 / len(rows)
     x = np.arange(len(sources))
+    hatches = ("", "//", "..", "xx")  # past ten variants tab10's colours repeat: the hatch tells them apart
     for i, (v, d) in enumerate(rows):
         means = [100 * d[s].mean if s in d else np.nan for s in sources]
         stds = [100 * d[s].std if s in d else 0.0 for s in sources]
-        ax.bar(x + (i - (len(rows) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=v.label)
+        ax.bar(x + (i - (len(rows) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=v.label,
+               color=curve_style(i)["color"], hatch=hatches[(i // 10) % len(hatches)], edgecolor="white")
     ax.set_xticks(x, sources)
     ax.set_ylabel("final accuracy (%), clients' own test splits")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
     fig.tight_layout()
+    legend_below(fig, *ax.get_legend_handles_labels())
     path = out / "domains.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     return Figure(path, "Final accuracy per data source: the mean over the source's clients' own test accuracies, "
                         "mean ± std over runs.")
 
@@ -112,10 +115,12 @@ def partition_figures(variants: list[Variant], out: Path) -> list[Figure]:
 #: (metric or prefix averaged over layers, panel title).
 DIAGNOSTIC_PANELS = (
     ("diag/grad/cosine", "gradient cosine to centralized BN (1 = none)"),
-    ("diag/acc/gap", "accuracy gained by recalibrating the statistics"),
+    ("diag/acc/gap", "accuracy gained by recalibrating the statistics (percentage points)"),
     ("diag/stats/agg_mean_shift/", "aggregated running mean vs the union's, in sigma (layer mean)"),
     ("diag/stats/client_mean_shift/", "clients' batch means vs the union's, in sigma (layer mean)"),
 )
+
+PERCENT_PANELS = ("diag/acc/gap",)  # accuracy differences, recorded as fractions, drawn in percentage points
 
 
 def _diag_value(row: dict[str, Any], key: str) -> float | None:
@@ -152,16 +157,21 @@ def diagnostics_figure(variants: list[Variant], out: Path) -> Figure | None:
         return None
     fig = _figure((5.0 * len(panels), 4.0))
     axes = np.atleast_1d(fig.subplots(1, len(panels)))
+    order = {v.label: i for i, v in enumerate(variants)}  # a variant keeps its style in every panel
+    handles: dict[str, Any] = {}
     for ax, (key, title) in zip(axes, panels):
+        scale = 100.0 if key in PERCENT_PANELS else 1.0
         for label, rounds, values in curves[key]:
-            ax.plot(rounds, values, marker="o", markersize=3, label=label)
+            (handles[label],) = ax.plot(rounds, [scale * v for v in values], markersize=3, label=label, **curve_style(order[label]))
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("round")
+        integer_ticks(ax)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
     fig.tight_layout()
+    ordered = sorted(handles, key=order.__getitem__)
+    legend_below(fig, [handles[label] for label in ordered], ordered)
     path = out / "diagnostics.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     return Figure(path, "Normalization diagnostics (--diagnostics; docs/diagnostics.md), mean over each variant's "
                         "completed runs: how far the clients' gradient is from centralized BN's, the accuracy a "
                         "statistics recalibration would add, and how far the aggregated and the clients' means are "

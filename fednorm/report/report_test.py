@@ -1,8 +1,11 @@
 """fednorm report: run directories of any origin grouped into variants, mean ± std checked
-against an independent computation, and the HTML page loaded in a real headless Chromium."""
+against an independent computation, labels short and unique over runs of different settings,
+and the HTML page loaded in a real headless Chromium (skipped without one: Debian's
+``chromium-headless-shell`` or ``chromium`` package provides it), which must fit the window."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -11,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fednorm.api import run
 from fednorm.cli.main import main
@@ -26,10 +30,11 @@ def _client_accs(method: str, seed: int) -> list[float]:
     return [base - 0.05, base + 0.1, base + 0.01, base + 0.04]
 
 
-def _fake_run(d: Path, method: str, seed: int, status: str = "completed") -> None:
+def _fake_run(d: Path, method: str, seed: int, status: str = "completed", **settings: object) -> None:
+    """A run directory as ``fednorm run`` writes it; ``settings`` go into its config unchecked."""
     d.mkdir(parents=True)
     cfg = ExperimentConfig(method=method, norm="bn", dataset="digits", num_clients=4, rounds=3, seed=seed, out=str(d))
-    (d / "config.yaml").write_text(cfg.to_yaml())
+    (d / "config.yaml").write_text(yaml.safe_dump({**cfg.model_dump(mode="json"), **settings}, sort_keys=False))
     final = FINALS[method][seed]
     hist = [{"round": r, "test_accuracy": final * r / 3, "test_loss": 1.0, "train_loss": 1.0} for r in (1, 2, 3)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in hist))
@@ -95,7 +100,10 @@ def test_a_run_records_its_partition(tmp_path: Path) -> None:
 
 
 def _chromium() -> str | None:
-    return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome", "chrome")) if p), None)
+    """A headless Chromium: Debian's ``chromium-headless-shell`` first (the same layout engine as
+    the browser, a quarter of its start-up), else a full browser run with ``--headless``."""
+    names = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome", "chrome")
+    return next((p for p in map(shutil.which, names) if p), None)
 
 
 def test_report_html_loads_in_headless_chromium_without_console_errors(sweep: Path, tmp_path: Path) -> None:
@@ -116,18 +124,151 @@ def test_report_html_loads_in_headless_chromium_without_console_errors(sweep: Pa
     assert len(console) == 1 and '"PROBE 5 5"' in console[0], console  # only the probe spoke: no errors, 5 of 5 images decoded
     dom = proc.stdout
     table = dom.split('<table id="results">')[1].split("</table>")[0]
-    assert "<td>fedavg+bn</td>" in table and "<td>fedbn+bn</td>" in table
+    assert '<td class="label">fedavg+bn</td>' in table and '<td class="label">fedbn+bn</td>' in table
 
 
-def test_variant_labels_name_only_what_tells_a_method_and_norms_variants_apart() -> None:
+def test_variant_labels_name_only_the_settings_that_differ_between_all_variants() -> None:
     from fednorm.report.collect import _labels
 
-    base = ExperimentConfig().model_dump(mode="json")
-    configs = [{**base, "alpha": 0.1, "lr": 0.01}, {**base, "alpha": 0.3, "lr": 0.01},
+    base = ExperimentConfig(lr=0.01).model_dump(mode="json")
+    configs = [{**base, "alpha": 0.1}, {**base, "alpha": 0.3},
                {**base, "method": "fbn", "norm": "fbn", "alpha": 0.1, "method_args": {"mode": "literal"}},
                {**base, "method": "fbn", "norm": "fbn", "alpha": 0.1, "method_args": {"mode": "exact"}, "seed": 5}]
-    assert _labels(configs) == ["fedavg+bn (alpha=0.1)", "fedavg+bn (alpha=0.3)", "fbn+fbn (method_args.mode=literal)",
-                                "fbn+fbn (method_args.mode=exact)"]
+    # alpha differs between the variants, so every label names it; lr is common; the seed is no setting
+    assert _labels(configs) == ["fedavg+bn (alpha=0.1)", "fedavg+bn (alpha=0.3)", "fbn+fbn (alpha=0.1, method_args.mode=literal)",
+                                "fbn+fbn (alpha=0.1, method_args.mode=exact)"]
+
+
+def test_a_run_recorded_before_a_setting_existed_is_the_same_variant() -> None:
+    """A config without a field (written by an older fednorm) has that field's default: it joins
+    the variant of the same settings and adds no ``field=None`` to any label."""
+    from fednorm.report.collect import Run, describe_variants, group_runs
+
+    full = ExperimentConfig(method="fedbn", lr=0.05).model_dump(mode="json")
+    old = {k: v for k, v in full.items() if k not in ("affine", "buffers", "dp_noise", "eval_compile", "attack_args")}
+    other = {**full, "lr": 0.01}
+    runs = [Run(Path(f"r{i}"), c, {"status": "completed", "final_test_accuracy": 0.5}, []) for i, c in enumerate([full, old, other])]
+    variants = group_runs(runs)
+    assert [(v.label, len(v.runs)) for v in variants] == [("fedbn+bn (lr=0.05)", 2), ("fedbn+bn (lr=0.01)", 1)]
+    assert describe_variants([full, old, other]).common["affine"] == "null"
+
+
+def _labels_of(md: str) -> list[str]:
+    """The variant column of report.md's results table."""
+    table = md.split("## Results")[1].split("\n## ")[0]
+    return [line.split(" | ")[0][2:] for line in table.splitlines() if line.startswith("| ") and not line.startswith("| variant")]
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Three real runs (digits, 2 rounds) of different settings: lr 0.05 and 0.01 with BN, lr 0.05 with GN."""
+    root = tmp_path_factory.mktemp("real")
+    dirs = []
+    for name, settings in (("bn-lr0.05", dict(norm="bn", lr=0.05)), ("bn-lr0.01", dict(norm="bn", lr=0.01)),
+                           ("gn-lr0.05", dict(norm="gn", lr=0.05))):
+        run(dict(dataset="digits", num_clients=3, rounds=2, batch_size=32, threads=1, **settings), out=str(root / name), progress=False)
+        dirs.append(root / name)
+    return dirs
+
+
+def test_report_over_runs_of_different_settings_labels_what_differs_and_lists_the_rest_once(real_runs: list[Path], tmp_path: Path) -> None:
+    from fednorm.report.collect import MAX_LABEL
+
+    configs = [yaml.safe_load((d / "config.yaml").read_text()) for d in real_runs]
+    assert min(map(len, configs)) >= 40  # a real run records every setting
+    rep = build_report(real_runs, tmp_path / "rep")
+    labels = ["fedavg+bn (lr=0.05)", "fedavg+bn (lr=0.01)", "fedavg+gn (lr=0.05)"]
+    assert [v.label for v in rep.variants] == labels and all(len(label) <= MAX_LABEL for label in labels)
+    md = rep.markdown.read_text()
+    assert _labels_of(md) == labels
+    common = md.split("## Common settings")[1].split("\n## ")[0]
+    for setting in ("dataset=digits", "rounds=2", "num_clients=3", "batch_size=32", "method=fedavg"):
+        assert f"`{setting}`" in common
+    assert "`lr=" not in common and "`norm=" not in common and "`seed=" not in common
+    assert "## Variant settings" not in md  # every label names all that differs: nothing more to list
+    page = rep.html.read_text()
+    assert page.count("<table") == page.count('<div class="table-wrap"><table') == 2  # every table in its container
+    assert ".table-wrap { max-width: 100%; overflow-x: auto; }" in page
+    assert '<ul class="settings" id="common">' in page and "<code>dataset=digits</code>" in page
+
+
+def _wide_sweep(root: Path) -> list[dict[str, object]]:
+    """Twelve variants (two seeds each) that differ in ten settings, some with long values: runs
+    of several papers' suites in one report, the case of 800-character labels."""
+    settings = []
+    for i in range(12):
+        s = dict(lr=round(0.01 * (i % 4 + 1), 3), alpha=[0.1, 0.5, 1.0][i % 3], batch_size=[4, 32][i % 2], rounds=[2, 3, 4][i % 3],
+                 momentum=[0.0, 0.9][i // 6], weight_decay=[0.0, 1e-4][(i // 3) % 2], local_epochs=1 + i % 2,
+                 lr_milestones=[100 * i + k for k in range(12)], partition_args={"mode": f"a-long-partition-mode-name-{i % 5}"},
+                 model=["simple_cnn", "fedbn_cnn"][(i // 2) % 2])
+        settings.append(s)
+        for seed in (0, 1):
+            _fake_run(root / f"v{i}" / f"seed{seed}", ["fedavg", "fedbn"][i % 2], seed, **s)
+    return settings
+
+
+def test_labels_stay_short_and_unique_when_many_settings_differ(tmp_path: Path) -> None:
+    from fednorm.report.collect import MAX_LABEL_CUT
+
+    settings = _wide_sweep(tmp_path / "sweep")
+    rep = build_report([tmp_path / "sweep"], tmp_path / "rep")
+    labels = [v.label for v in rep.variants]
+    assert len(rep.variants) == 12 and all(len(v.runs) == 2 for v in rep.variants)
+    assert len(set(labels)) == 12 and max(map(len, labels)) <= MAX_LABEL_CUT, labels
+    md = rep.markdown.read_text()
+    assert _labels_of(md) == labels
+    # the labels name only some differing settings; the variant settings table has each in full
+    table = md.split("## Variant settings")[1].split("\n## ")[0]
+    usual = table.split("the usual values: ")[1].split("\n")[0]
+    for v in rep.variants:
+        s = settings[int(v.runs[0].dir.parent.name[1:])]  # the runs of variant i are under v<i>/
+        row = next(line for line in table.splitlines() if line.startswith(f"| {v.label} |"))
+        for key, value in (("lr_milestones", str(s["lr_milestones"])), ("partition_args.mode", s["partition_args"]["mode"])):
+            assert f"{key}={value}" in row or f"{key}={value}" in usual
+    assert "`dataset=digits`" in md.split("## Common settings")[1]
+
+
+def _probe_width(browser: str, page: Path, tmp_path: Path, width: int, height: int = 800) -> dict[str, object]:
+    """Load ``page`` in headless Chromium with a ``width`` x ``height`` window and read back, through
+    the title of the dumped DOM, the page's scroll width and the element that reaches furthest
+    right (its right edge, tag and class): a copy of the page carries the probe script."""
+    probe = tmp_path / f"probe{width}.html"
+    script = ("<script>window.addEventListener('load', () => { const vw = document.documentElement.clientWidth; let far = 0, who = '';"
+              " for (const el of document.body.querySelectorAll('*')) { const r = el.getBoundingClientRect();"
+              " if (r.right > far) { far = r.right; who = el.tagName + '.' + (el.className || '-'); } }"
+              " document.title = JSON.stringify({viewport: vw, scroll: document.documentElement.scrollWidth, right: far, element: who}); });"
+              "</script>")
+    probe.write_text(page.read_text().replace("</body>", script + "</body>"))
+    proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--window-size={width},{height}",
+                           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=3000", "--dump-dom", probe.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    title = re.search(r"<title>(.*?)</title>", proc.stdout, re.S)
+    assert title is not None and title.group(1).startswith("{"), proc.stdout[:500]
+    return json.loads(html.unescape(title.group(1)))
+
+
+def test_report_html_fits_the_window_in_headless_chromium(real_runs: list[Path], tmp_path: Path) -> None:
+    """In a window 1280 or 800 px wide no element of the page (tables included) reaches past the
+    window, for three real runs and for twelve variants of ten differing settings; at 400 px the
+    page itself still never scrolls sideways. A screenshot of each at 1280x800 is kept beside it."""
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no chromium binary (apt-get install chromium-headless-shell)")
+    _wide_sweep(tmp_path / "sweep")
+    for name, paths in (("real", real_runs), ("wide", [tmp_path / "sweep"])):
+        rep = build_report(paths, tmp_path / name)
+        for width in (1280, 800, 400):
+            got = _probe_width(browser, rep.html, tmp_path, width)
+            assert got["viewport"] == width and got["scroll"] <= width, (name, got)  # the page never scrolls sideways
+            if width >= 800:  # and nothing in it needs to (at 400 px a table of 9 columns may scroll in its container)
+                assert got["right"] <= width, (name, got)
+        shot = tmp_path / name / "screenshot.png"
+        proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,800",
+                               f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", rep.html.as_uri()],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", proc.stderr[-2000:]
+        assert int.from_bytes(shot.read_bytes()[16:20], "big") == 1280  # the PNG header's width
 
 
 def test_report_compares_the_runs_diagnostics(tmp_path):

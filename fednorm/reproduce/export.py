@@ -103,7 +103,7 @@ def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = Fal
         if checkpoints and source_ckpt.is_file() and (not finished or partial or small):
             shutil.copy2(source_ckpt, stale)
             result.checkpoints.append(stale)
-        elif stale.is_file():
-            stale.unlink()
+        elif stale.is_file() and finished and not partial:
+            stale.unlink()  # a finished run's old checkpoint; an unfinished run's is kept: it is how the run resumes
         result.copied.append(target)
     return result

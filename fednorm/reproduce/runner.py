@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..config import load_config
+from ..engine.runlock import LOCK_NAME as RUN_LOCK_NAME
+from ..engine.runlock import RunLockedError, describe_holder, is_locked, run_lock
 from ..errors import ConfigError, DatasetError
 from .subset import make_subset, subset_folder_name
 from .suite import SCALES, Table
@@ -329,53 +331,14 @@ class Outcome:
     """The signal (or stop file) that interrupted the run, else None."""
 
 
-LOCK_NAME = ".reproduce.lock"
+LOCK_NAME = RUN_LOCK_NAME  # one writer per run directory: fednorm.engine.runlock
 
 
 def lock_holder(run_dir: Path) -> str | None:
-    """Who is running ``run_dir`` now (``"pid N on HOST"``), or None. A lock left by a process of
-    this host that no longer exists is stale and ignored."""
-    import socket
-
-    path = Path(run_dir) / LOCK_NAME
-    try:
-        pid_text, _, host = path.read_text().partition(" ")
-        pid = int(pid_text)
-    except (OSError, ValueError):
-        return None
-    if host.strip() == socket.gethostname():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-    return f"pid {pid} on {host.strip()}"
-
-
-def _acquire(run_dir: Path) -> bool:
-    """Take the run directory for this process (two suites on one output folder never run the
-    same run at once); False when another live process holds it."""
-    import socket
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / LOCK_NAME
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            if lock_holder(run_dir) is not None:
-                return False
-            path.unlink(missing_ok=True)  # stale
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()} {socket.gethostname()}")
-        return True
-    return False
-
-
-def _release(run_dir: Path) -> None:
-    (run_dir / LOCK_NAME).unlink(missing_ok=True)
+    """Who is running ``run_dir`` now (``"pid N on HOST, since ..."``), or None. The lock of a
+    process that died is released by the kernel, so it is never reported."""
+    holder = is_locked(run_dir)
+    return describe_holder(holder) if holder is not None else None
 
 
 def _append_record(spec: RunSpec, invocation: dict[str, Any]) -> None:
@@ -400,13 +363,15 @@ def execute(spec: RunSpec, state: RunState, *, command: str = "", git: Mapping[s
     the suite; missing data (:class:`DatasetError`) and bad settings propagate. A run directory
     that another live process is running (its lock file) is left alone: status ``running elsewhere``.
     """
-    if not _acquire(spec.dir):
-        holder = lock_holder(spec.dir)
-        return Outcome(str(spec.dir), state.action, "running elsewhere", state.rounds, 0.0, None, f"held by {holder}")
-    try:
+    import contextlib
+
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(run_lock(spec.dir, "reproduce"))
+        except RunLockedError as exc:
+            return Outcome(str(spec.dir), state.action, "running elsewhere", state.rounds, 0.0, None,
+                           f"held by {describe_holder(exc.holder)}")
         return _execute(spec, state, command=command, git=git, progress=progress)
-    finally:
-        _release(spec.dir)
 
 
 def _execute(spec: RunSpec, state: RunState, *, command: str, git: Mapping[str, Any] | None, progress: bool | None) -> Outcome:
