@@ -37,15 +37,65 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def measure(fn: Callable[[], Any]) -> dict[str, Any]:
+    """Run ``fn`` once: wall seconds, this process's CPU seconds, and what it returned."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return {"wall": time.perf_counter() - wall0, "cpu": time.process_time() - cpu0, "out": out}
+
+
+def interleaved(variants: dict[str, Callable[[], int]], repeats: int, warmup: bool = True) -> dict[str, list[dict[str, float]]]:
+    """Time every variant once per repeat, in turn, so that a change in the machine's load hits
+    all of them alike. Each variant returns the samples it trained; each record holds ``wall``,
+    ``cpu`` (seconds) and ``rate`` (samples per wall second)."""
+    if warmup:
+        for fn in variants.values():
+            fn()
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            m = measure(fn)
+            runs[name].append({"wall": m["wall"], "cpu": m["cpu"], "samples": m["out"], "rate": m["out"] / m["wall"]})
+    return runs
+
+
+def paired_ratio(runs: dict[str, list[dict[str, float]]], a: str, b: str, key: str = "rate") -> float:
+    """The median over repeats of ``a``'s ``key`` divided by ``b``'s in the same repeat (a ratio of
+    medians would pair a fast repeat of one with a slow repeat of the other)."""
+    return median([x[key] / y[key] for x, y in zip(runs[a], runs[b])])
+
+
+def rate_and_cpu(runs: list[dict[str, float]]) -> tuple[float, float]:
+    """Median samples per wall second and median samples per CPU second."""
+    return median([r["rate"] for r in runs]), median([r["samples"] / r["cpu"] for r in runs if r["cpu"] > 0] or [float("nan")])
+
+
 def machine() -> dict[str, Any]:
     return {
         "platform": platform.platform(),
-        "processor": platform.processor(),
+        "processor": platform.processor() or _cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cuda": torch.cuda.is_available(),
+        "load_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def machine_label() -> str:
+    """``2 cores, 1 thread, torch 2.13.0`` for a table row."""
+    m = machine()
+    return f"{m['cpu_count']} cores, {m['threads']} thread{'s' if m['threads'] != 1 else ''}, torch {m['torch']}"
 
 
 def write_result(path: str | Path, result: dict[str, Any]) -> None:

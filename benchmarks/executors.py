@@ -2,7 +2,9 @@
 
 10 clients per round, each taking ``--steps`` local steps of batch B, on CIFAR-10 (or digits
 with ``--dataset digits``). For each model and batch size, the variants run interleaved in one
-process for ``--repeats`` repeats; medians of samples/s are compared:
+process for ``--repeats`` repeats; every ratio is the median over repeats of the two variants'
+samples/s in the same repeat (paired), and each variant's samples per CPU second is beside its
+samples per wall second. Every row names the thread count and the machine (``--threads``, default 1):
 
 - ``sequential``: fednorm's sequential executor (one working model, clients one by one);
 - ``vectorized``: fednorm's vectorized executor (clients as a dimension of a stacked model);
@@ -23,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, machine, median, timed, train_centralized, write_result  # noqa: E402
+from _common import data_dir, interleaved, machine, machine_label, paired_ratio, rate_and_cpu, train_centralized, write_result  # noqa: E402
 
 from fednorm.config import ExperimentConfig  # noqa: E402
 from fednorm.engine.simulator import Simulation  # noqa: E402
@@ -48,8 +50,10 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     ap.add_argument("--out", default="benchmarks/results/executors.json")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     ddir = data_dir(args.data_dir) if args.dataset != "digits" else None
     rows = []
     data = None
@@ -65,37 +69,38 @@ def main() -> None:
                 sims[ex] = Simulation(cfg, data=data)
                 data = sims[ex].data
             k, steps = args.clients, args.steps
-            for sim in sims.values():  # warm-up
+            seq = sims["sequential"]
+
+            def step(sim: Simulation) -> int:
                 sim.step()
-            rates: dict[str, list[float]] = {"sequential": [], "vectorized": [], "central B": [], "central B CL": [], "central KB": []}
-            for rep in range(args.repeats):
-                for ex, sim in sims.items():
-                    t, _ = timed(sim.step)
-                    rates[ex].append(sim.executor.last_samples_seen / t)
-                t, n = timed(lambda: central(sims["sequential"], bsz, k * steps, rep))
-                rates["central B"].append(n / t)
-                t, n = timed(lambda: central(sims["sequential"], bsz, k * steps, rep, channels_last=True))
-                rates["central B CL"].append(n / t)
-                t, n = timed(lambda: central(sims["sequential"], k * bsz, steps, rep))
-                rates["central KB"].append(n / t)
-            med = {name: median(v) for name, v in rates.items()}
+                return sim.executor.last_samples_seen
+
+            rep = iter(range(10**9))
+            runs = interleaved({
+                "sequential": lambda: step(sims["sequential"]),
+                "vectorized": lambda: step(sims["vectorized"]),
+                "central B": lambda: central(seq, bsz, k * steps, next(rep)),
+                "central B CL": lambda: central(seq, bsz, k * steps, next(rep), channels_last=True),
+                "central KB": lambda: central(seq, k * bsz, steps, next(rep)),
+            }, args.repeats)
+            rates = {name: rate_and_cpu(r) for name, r in runs.items()}
+            ratio = {f"vectorized / {b}": paired_ratio(runs, "vectorized", b) for b in runs if b != "vectorized"}
             row = {
-                "model": model, "batch_size": bsz, "clients": k, "steps": steps,
-                **{f"{name} samples/s": v for name, v in med.items()},
-                "vectorized / sequential": med["vectorized"] / med["sequential"],
-                "vectorized / central B": med["vectorized"] / med["central B"],
-                "vectorized / central B CL": med["vectorized"] / med["central B CL"],
-                "vectorized / central KB (bound)": med["vectorized"] / med["central KB"],
-                "sequential / central B": med["sequential"] / med["central B"],
-                "raw": rates,
+                "model": model, "batch_size": bsz, "clients": k, "steps": steps, "threads": torch.get_num_threads(),
+                "machine": machine_label(),
+                **{f"{name} samples/s": w for name, (w, _) in rates.items()},
+                **{f"{name} samples/cpu-s": c for name, (_, c) in rates.items()},
+                **ratio,
+                "sequential / central B": paired_ratio(runs, "sequential", "central B"),
+                "raw": runs,
             }
             rows.append(row)
             print(
-                f"{model:10s} B={bsz:<3d} seq {med['sequential']:7.0f}  vec {med['vectorized']:7.0f}  "
-                f"central B {med['central B']:7.0f} (CL {med['central B CL']:7.0f})  central KB {med['central KB']:7.0f} samples/s | "
-                f"vec/seq {row['vectorized / sequential']:.2f}x  vec/central {row['vectorized / central B']:.2f}x "
-                f"(CL {row['vectorized / central B CL']:.2f}x)  "
-                f"vec/bound {row['vectorized / central KB (bound)']:.2f}", flush=True,
+                f"{model:10s} B={bsz:<3d} [{row['machine']}] samples/s (per CPU-s): "
+                + "  ".join(f"{name} {w:.0f} ({c:.0f})" for name, (w, c) in rates.items())
+                + f" | paired: vec/seq {ratio['vectorized / sequential']:.2f}x  vec/plain loop (central B) "
+                f"{ratio['vectorized / central B']:.2f}x  vec/central KB (bound) {ratio['vectorized / central KB']:.2f}x",
+                flush=True,
             )
     write_result(args.out, {"benchmark": "executors", "args": vars(args), "rows": rows, "machine": machine()})
 

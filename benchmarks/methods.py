@@ -3,7 +3,8 @@
 Each variant is its own :class:`~fednorm.engine.simulator.Simulation` of the same setting (same
 data, partition, seed, so its r-th round trains the same clients); after a warm-up round the
 variants' rounds run interleaved (variant A round r, variant B round r, ..., then a plain PyTorch
-loop over as many samples), ``--repeats`` times, and the medians are compared. A round here is
+loop over as many samples), ``--repeats`` times; every ratio is the median over repeats of the two
+rounds' ratio in the same repeat (paired), and each round's CPU time is beside its wall time. A round here is
 local training plus the method's client hooks and the server update; evaluation is timed
 separately (one global evaluation of the test set, and HBN's statistics re-sync).
 
@@ -21,13 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, machine, median, timed, train_centralized, write_result  # noqa: E402
+from _common import data_dir, machine, machine_label, median, timed, train_centralized, write_result  # noqa: E402
 
 from fednorm.config import ExperimentConfig  # noqa: E402
 from fednorm.engine.simulator import Simulation  # noqa: E402
@@ -108,11 +110,14 @@ def main() -> None:
         sims[label].step()  # warm-up round (first-call costs, HBN's initial pass)
         print(f"{label}: executor {sims[label].executor.name} {sims[label].executor_note}", flush=True)
     rounds: dict[str, list[float]] = {label: [] for label in sims}
+    cpu: dict[str, list[float]] = {label: [] for label in sims}
     samples: dict[str, list[int]] = {label: [] for label in sims}
     cen_rates: list[float] = []
     for rep in range(args.repeats):
         for label, sim in sims.items():
+            c0 = time.process_time()
             t, _ = timed(sim.step)
+            cpu[label].append(time.process_time() - c0)
             rounds[label].append(t)
             samples[label].append(sim.executor.last_samples_seen)
         n = samples["FedAvg+BN"][-1]
@@ -121,22 +126,22 @@ def main() -> None:
         print(f"repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in rounds.items())
               + f"; centralized {n_cen / t_cen:.0f} samples/s", flush=True)
     evals = {label: evaluation_seconds(sim) for label, sim in sims.items()}
-    ref = median(rounds["FedAvg+BN"])
-    cen = median(cen_rates)
     rows = []
     for label, sim in sims.items():
-        t = median(rounds[label])
-        rate = median([n / s for n, s in zip(samples[label], rounds[label])])
+        rates = [n / s for n, s in zip(samples[label], rounds[label])]
         rows.append({
             "variant": label, "executor": sim.executor.name, "executor_note": sim.executor_note,
-            "round_seconds": rounds[label], "round_median_s": t, "vs_fedavg_bn": t / ref,
-            "samples_per_s": rate, "vs_centralized": rate / cen, "evaluation_s": evals[label],
-            "evaluation_vs_round": evals[label] / t,
+            "round_seconds": rounds[label], "round_median_s": median(rounds[label]),
+            "round_cpu_median_s": median(cpu[label]),
+            # paired: each repeat's ratio, then the median (a ratio of medians pairs unlike repeats)
+            "vs_fedavg_bn": median([a / b for a, b in zip(rounds[label], rounds["FedAvg+BN"])]),
+            "samples_per_s": median(rates), "vs_centralized": median([r / c for r, c in zip(rates, cen_rates)]),
+            "evaluation_s": evals[label], "evaluation_vs_round": evals[label] / median(rounds[label]),
         })
     result = {
         "benchmark": "methods", "setting": args.setting, "batch_size": args.batch_size, "repeats": args.repeats,
         "config": {k: v for k, v in base.items() if k != "data_dir"}, "centralized_samples_per_s": cen_rates,
-        "rows": rows, "machine": machine(),
+        "rows": rows, "machine": machine(), "threads": torch.get_num_threads(), "machine_label": machine_label(),
         "command": "python benchmarks/methods.py " + " ".join(sys.argv[1:]),
     }
     print()
@@ -146,14 +151,17 @@ def main() -> None:
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [
-        f"`{result['command']}` ({result['setting']}, batch {result['batch_size']}, median of {result['repeats']}; "
-        f"centralized {median(result['centralized_samples_per_s']):.0f} samples/s)",
+        f"`{result['command']}` ({result['setting']}, batch {result['batch_size']}, {result.get('machine_label', '')}; "
+        f"medians of {result['repeats']} repeats, ratios paired per repeat; centralized "
+        f"{median(result['centralized_samples_per_s']):.0f} samples/s)",
         "",
-        "| method | executor | round (s) | vs FedAvg+BN | samples/s | vs centralized | one evaluation (s) | evaluation / round |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| method | executor | round (s) | round CPU (s) | vs FedAvg+BN | samples/s | vs centralized | one evaluation (s) | evaluation / round |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
-        lines.append(f"| {r['variant']} | {r['executor']} | {r['round_median_s']:.2f} | {r['vs_fedavg_bn']:.2f}× | "
+        cpu = r.get("round_cpu_median_s")
+        lines.append(f"| {r['variant']} | {r['executor']} | {r['round_median_s']:.2f} | "
+                     f"{'n/a' if cpu is None else f'{cpu:.2f}'} | {r['vs_fedavg_bn']:.2f}× | "
                      f"{r['samples_per_s']:.0f} | {r['vs_centralized']:.2f}× | {r['evaluation_s']:.2f} | "
                      f"{r['evaluation_vs_round']:.2f} |")
     return "\n".join(lines)

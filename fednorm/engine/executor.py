@@ -15,8 +15,9 @@ from torch import nn
 
 from ..data.federated import FederatedData
 from ..errors import DivergenceError, InconsistentUpdateError
-from ..methods.base import ClientContext, ClientUpdates, Method, stack_rows
+from ..methods.base import ClientUpdates, Method, stack_rows
 from .bank import ClientStateBank
+from .client_rows import LazyClientContext
 from .local import LocalSpec, batch_plan, small_clients_message, train_local
 from .rng import derive_seed, torch_generator
 
@@ -123,12 +124,11 @@ class SequentialExecutor(Executor):
         model.load_state_dict(model_state)
         idx = data.client_train[cid]
         n = len(idx)
-        ctx = ClientContext(
+        ctx = LazyClientContext(  # x, y gathered only if a method reads them; training reads the dataset
+            data.train_x, data.train_y, idx,
             server_round=server_round,
             client_id=cid,
             model=model,
-            x=data.train_x.index_select(0, idx),
-            y=data.train_y.index_select(0, idx),
             global_state=global_state,
             local_state=local,
             lr=lr,
@@ -143,7 +143,8 @@ class SequentialExecutor(Executor):
         method.client_begin(ctx)
         momentum = {n_[len(MOMENTUM_PREFIX):]: v for n_, v in local.items() if n_.startswith(MOMENTUM_PREFIX)}
         result = train_local(
-            model, ctx.x, ctx.y, plan, lr=lr, spec=spec, generator=gen, momentum=momentum or None,
+            model, data.train_x, data.train_y, [idx.index_select(0, b) for b in plan],  # batches as dataset rows
+            lr=lr, spec=spec, generator=gen, momentum=momentum or None,
             loss_hook=(lambda m, loss: method.client_loss(ctx, m, loss)) if method.has_client_loss else None,
             grad_hook=(lambda m, closure: method.client_gradient(ctx, m, closure)) if method.has_client_gradient else None,
             where=f"round {server_round}, client {cid}, method {method.name}",

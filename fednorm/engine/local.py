@@ -188,8 +188,9 @@ def train_local(
 
     Args:
         model: trained in place (put in train mode).
-        x, y: this client's samples (already gathered).
-        plan: index tensors into ``x`` from :func:`batch_plan`.
+        x, y: the samples the plan indexes: the client's own, or the whole dataset with the plan's
+            batches mapped to the client's rows (the sequential executor: no copy of its data).
+        plan: index tensors into ``x``, e.g. from :func:`batch_plan`.
         lr: learning rate of this round.
         spec: local optimisation settings.
         generator: draws the augmentation's random crops and flips.

@@ -44,6 +44,7 @@ from ..nn.stacked import (
     to_client_layout,
 )
 from .bank import ClientStateBank
+from .client_rows import ClientRows
 from .executor import MOMENTUM_PREFIX, Executor, stack_uploads
 from .local import LocalSpec, batch_plan, train_local
 from .lockstep import scale_client_grads, synced_loss
@@ -179,7 +180,7 @@ class VectorizedExecutor(Executor):
             indices = [data.client_train[c] for c in chunk]
             ctx = StackedClientContext(
                 server_round=server_round, client_ids=list(chunk), model=net,
-                x=[data.train_x.index_select(0, ix) for ix in indices], y=[data.train_y.index_select(0, ix) for ix in indices],
+                x=ClientRows(data.train_x, indices), y=ClientRows(data.train_y, indices),  # gathered if a method reads them
                 global_state=state, local_states=locals_, lr=0.0,
             )
             result = self.method.stacked_client_query(query, ctx)
@@ -272,7 +273,7 @@ class VectorizedExecutor(Executor):
         set_frozen_statistics(net, method.frozen_statistics(server_round))
         ctx = StackedClientContext(
             server_round=server_round, client_ids=list(client_ids), model=net,
-            x=[data.train_x.index_select(0, ix) for ix in indices], y=[data.train_y.index_select(0, ix) for ix in indices],
+            x=ClientRows(data.train_x, indices), y=ClientRows(data.train_y, indices),  # gathered if a method reads them
             global_state=global_state, local_states=locals_, lr=lr,
         )
         method.stacked_client_begin(ctx)
@@ -536,6 +537,14 @@ class VectorizedExecutor(Executor):
         if len(stepped) == k and (started.all() or not started.any()):
             # Fast path: every client steps and all are at the same point of the momentum recursion.
             first = not bool(started.any())
+            if beta and not first and not spec.dsgd and not spec.weight_decay and all(
+                    p.grad is not None and momentum[n] is not None for n, p in params.items()):
+                # the common step, as torch.optim.SGD's foreach kernels: three calls for all tensors
+                ms = [momentum[n] for n in params]
+                torch._foreach_mul_(ms, beta)
+                torch._foreach_add_(ms, [p.grad for p in params.values()])
+                torch._foreach_add_(list(params.values()), ms, alpha=-lr)
+                return
             for name, p in params.items():
                 g = p.grad if p.grad is not None else torch.zeros_like(p)
                 if spec.weight_decay:

@@ -10,7 +10,7 @@ under every executor.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -100,7 +100,7 @@ class StackedClientContext:
             During training each forward pass runs the clients that still have a batch; the
             executor tells the stacked norm layers which rows those are
             (:func:`~fednorm.nn.stacked.set_forward_clients`).
-        x, y: each client's training samples.
+        x, y: each client's training samples (a sequence gathered on first access: read only what the method needs).
         global_state: the downloaded global state (read-only).
         local_states: each client's persistent state from the bank (mutable, as
             :attr:`ClientContext.local_state`).
@@ -114,8 +114,8 @@ class StackedClientContext:
     server_round: int
     client_ids: list[int]
     model: nn.Module
-    x: list[torch.Tensor]
-    y: list[torch.Tensor]
+    x: Sequence[torch.Tensor]
+    y: Sequence[torch.Tensor]
     global_state: dict[str, torch.Tensor]
     local_states: list[dict[str, torch.Tensor]]
     uploads: list[dict[str, torch.Tensor]] = field(default_factory=list)
