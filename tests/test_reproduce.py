@@ -697,3 +697,66 @@ def test_export_without_checkpoints_keeps_an_unfinished_runs_committed_checkpoin
     _export_run(tmp_path / "work", 5, "completed")  # once the run has finished, its old checkpoint goes
     export_runs(tmp_path / "work", tmp_path / "dest")
     assert not (target / "checkpoint.pt").exists()
+
+
+def test_a_tree_with_uncommitted_package_changes_is_refused_unless_allowed(tiny_configs: Path, tmp_path: Path,
+                                                                          monkeypatch, capsys) -> None:
+    """A reproduce run records its commit; from a dirty tree that commit does not describe the code."""
+    monkeypatch.delenv("FEDNORM_ALLOW_DIRTY", raising=False)
+    dirty = {"commit": "a" * 40, "dirty": True, "changed": ["fednorm/api.py", "configs/x.yaml", "fednorm/b.py", "fednorm/c.py"],
+             "diff_sha256": "d" * 64}
+    monkeypatch.setattr(runner, "git_info", lambda repo=None: dict(dirty))
+    common = ["reproduce", "hbn", "--configs", str(tiny_configs), "--table", "tiny", "--scale", "reduced", "--rows", "a",
+              "--columns", "x", "--no-plots", "--quiet", "--out", str(tmp_path / "out")]
+    assert main(common) == 2
+    err = capsys.readouterr().err
+    assert "uncommitted changes to fednorm/api.py, configs/x.yaml, fednorm/b.py and 1 more" in err and "--allow-dirty" in err
+    assert not list((tmp_path / "out").rglob(runner.RECORD_NAME))
+    assert main(common + ["--allow-dirty"]) == 0
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "out").rglob(runner.RECORD_NAME)]
+    (inv,) = record["invocations"]
+    assert inv["dirty"] is True and inv["diff_sha256"] == "d" * 64 and inv["status"] == "completed"
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "aaaaaaaaaa+dirty:dddddddd" in report
+
+
+def test_git_info_sees_only_the_package_and_configs(tmp_path: Path) -> None:
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "fednorm").mkdir(parents=True)
+    (repo / "fednorm" / "a.py").write_text("x = 1\n")
+    (repo / "REPRODUCTION.md").write_text("results\n")
+    for cmd in (["init", "-q"], ["add", "."], ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x"]):
+        subprocess.run(["git", "-C", str(repo), *cmd], check=True)
+    assert runner.git_info(repo)["dirty"] is False
+    (repo / "REPRODUCTION.md").write_text("more results\n")  # records and docs do not make a run's code
+    assert runner.git_info(repo)["dirty"] is False
+    (repo / "fednorm" / "a.py").write_text("x = 2\n")
+    info = runner.git_info(repo)
+    assert info["dirty"] is True and info["changed"] == ["fednorm/a.py"] and len(info["diff_sha256"]) == 64
+
+
+def test_a_killed_suite_leaves_the_invocation_it_started(tiny_configs: Path, tmp_path: Path) -> None:
+    """The record is written when the run starts: SIGKILL to the whole suite (no parent left to
+    report it) still leaves the commit and command of the invocation, marked running."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "fednorm", "reproduce", "hbn", "--configs", str(tiny_configs), "--table",
+                             "tiny", "--scale", "reduced", "--rows", "a", "--columns", "x", "--rounds", "100000", "--quiet",
+                             "--no-plots", "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not any(p.read_text().count("\n") >= 2 for p in out.rglob("metrics.jsonl")):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    (record,) = [json.loads(p.read_text()) for p in out.rglob(runner.RECORD_NAME)]
+    (inv,) = record["invocations"]
+    assert inv["status"] == "running" and inv["pid"] == proc.pid and "--rounds 100000" in inv["command"]
+    assert "commit" in inv

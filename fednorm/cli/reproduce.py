@@ -53,6 +53,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--configs", type=Path, help="folder of the table configs (default: the repository's configs/reproduce)")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--list", action="store_true", help="list the papers, their tables, rows and columns, and exit")
+    p.add_argument("--allow-dirty", action="store_true", help="run even with uncommitted changes to fednorm/ or "
+                   "configs/ (refused by default: a result must name the code that made it); the diff's hash is recorded")
     what.add_argument("--dry-run", action="store_true", help="show every planned run and whether it is done, resumable or new; run nothing")
     what.add_argument("--report-only", action="store_true", help="only rebuild report.md, results.json and the plots from the run directories")
     p.add_argument("--export", type=Path, metavar="DIR",
@@ -158,6 +160,7 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         return 0
 
     git = runner.git_info()
+    runner.refuse_uncommitted(git, args.allow_dirty)  # before any run starts or resumes (issue 37.6)
     cmd = shlex.join(["fednorm", *(argv if argv is not None else sys.argv[1:])])
     by_table: dict[str, list] = {}
     for spec, st in todo:

@@ -80,6 +80,19 @@ def _config_seed(run_dir: Path) -> int | None:
         return None
 
 
+def _code_versions(invocations: list[dict[str, Any]]) -> list[str]:
+    """``["e717bfe809", "0d8d940c3e+dirty:1a2b3c4d"]``: the distinct commits of a run's invocations,
+    a dirty tree's with the hash of its diff."""
+    versions: list[str] = []
+    for inv in invocations:
+        if not inv.get("commit"):
+            continue
+        v = inv["commit"][:10] + (f"+dirty:{str(inv.get('diff_sha256') or '?')[:8]}" if inv.get("dirty") else "")
+        if v not in versions:
+            versions.append(v)
+    return versions
+
+
 def run_metrics(run_dir: str | Path, metric: str) -> dict[str, Any]:
     """One run directory read for one metric: status, rounds, final/best/last-10 (in %), the
     curve, wall time, and the commit and command from ``reproduce.json``."""
@@ -104,6 +117,8 @@ def run_metrics(run_dir: str | Path, metric: str) -> dict[str, Any]:
         "executor": summary.get("executor"),
         "commit": last.get("commit"),
         "dirty": last.get("dirty"),
+        # every code version the run was trained with, in order: a run that spans code changes lists them
+        "commits": _code_versions(record.get("invocations") or []),
         "command": last.get("command"),
         "run_command": record.get("run_command"),
         "error": summary.get("error"),
@@ -372,7 +387,7 @@ def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
                 continue
             seen.add(r["dir"])
             rel = Path(r["dir"]).relative_to(out) if Path(r["dir"]).is_relative_to(out) else r["dir"]
-            commit = "—" if not r.get("commit") else r["commit"][:10] + ("+dirty" if r.get("dirty") else "")
+            commit = ", ".join(r.get("commits") or []) or "—"
             lines.append(f"| `{rel}` | {r['seed']} | {r['status']} | {r['rounds']} | {_pct(r['wall_seconds'], 1)} | "
                          f"{_pct(r['engine_wall_seconds'], 1)} | {commit} | `{r.get('command') or '—'}` |")
         lines += ["", "</details>"]

@@ -39,6 +39,7 @@ __all__ = [
     "config_differences",
     "default_data_dir",
     "git_info",
+    "refuse_uncommitted",
     "prepare_data",
     "execute",
     "run_all",
@@ -246,11 +247,19 @@ def run_state(spec: RunSpec) -> RunState:
     return RunState("new")
 
 
+#: What decides a reproduce run's numbers: the package and the table configs (not the records or docs).
+CODE_PATHS = ("fednorm", "configs")
+
+
 def git_info(repo: Path | None = None) -> dict[str, Any]:
-    """``{"commit": sha or None, "dirty": bool or None}`` of the repository holding fednorm.
+    """``{"commit": sha or None, "dirty": bool or None}`` of the repository holding fednorm, plus,
+    when :data:`CODE_PATHS` hold uncommitted changes, ``changed`` (the files) and ``diff_sha256``
+    (of ``git diff HEAD`` over them), so a record names the exact code even then.
 
     ``$FEDNORM_COMMIT``, when set, is taken as stated (cleanliness unknown): a copy of the tree
     sent to another machine may carry no git metadata, or stale metadata from an older checkout."""
+    import hashlib
+
     repo = Path(__file__).resolve().parents[2] if repo is None else repo
     if os.environ.get("FEDNORM_COMMIT"):
         return {"commit": os.environ["FEDNORM_COMMIT"], "dirty": None}
@@ -258,11 +267,29 @@ def git_info(repo: Path | None = None) -> dict[str, Any]:
         sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:
             return {"commit": None, "dirty": None}
-        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
                                 capture_output=True, text=True, timeout=10)
-        return {"commit": sha.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
+        if status.returncode != 0:
+            return {"commit": sha.stdout.strip(), "dirty": None}
+        changed = [line[3:] for line in status.stdout.splitlines() if line.strip()]
+        info: dict[str, Any] = {"commit": sha.stdout.strip(), "dirty": bool(changed)}
+        if changed:
+            diff = subprocess.run(["git", "-C", str(repo), "diff", "HEAD", "--", *CODE_PATHS], capture_output=True, timeout=30)
+            info.update(changed=changed, diff_sha256=hashlib.sha256(diff.stdout).hexdigest())
+        return info
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
+
+
+def refuse_uncommitted(git: Mapping[str, Any], allow: bool) -> None:
+    """A reproduce run records the commit that made it; from a tree with uncommitted changes to
+    the package or configs that commit does not describe the code, so refuse unless ``allow``."""
+    if not git.get("dirty") or allow or os.environ.get("FEDNORM_ALLOW_DIRTY"):
+        return
+    files = list(git.get("changed") or [])
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    raise ConfigError(f"uncommitted changes to {shown}: commit them so every result names the code that made it, "
+                      "or pass --allow-dirty (the diff's hash is recorded and the report flags the run)")
 
 
 def data_missing_file(out: Path, table: str) -> Path:
@@ -342,12 +369,20 @@ def lock_holder(run_dir: Path) -> str | None:
 
 
 def _append_record(spec: RunSpec, invocation: dict[str, Any]) -> None:
+    """Record one invocation on the run; it replaces the same process's ``running`` entry (written
+    when the invocation started, so a process killed outright still leaves its commit and command)."""
     path = spec.dir / RECORD_NAME
     record = _read_json(path) or {}
     record.update({"paper": spec.paper, "table": spec.table, "run_id": spec.run_id, "seed": spec.seed, "scale": spec.scale,
                    "cells": [list(c) for c in spec.cells], "paper_rounds": spec.paper_rounds,
                    "run_command": f"fednorm run --config {spec.dir / 'config.yaml'}"})
-    record.setdefault("invocations", []).append(invocation)
+    invocations = record.setdefault("invocations", [])
+    pid = invocation.get("pid")
+    same = [i for i, old in enumerate(invocations) if old.get("status") == "running" and pid is not None and old.get("pid") == pid]
+    if same:
+        invocations[same[-1]] = invocation
+    else:
+        invocations.append(invocation)
     record["wall_seconds"] = sum(float(i.get("wall_seconds") or 0.0) for i in record["invocations"])
     spec.dir.mkdir(parents=True, exist_ok=True)
     tmp = spec.dir / f".{RECORD_NAME}.{os.getpid()}.tmp"
@@ -386,6 +421,8 @@ def _execute(spec: RunSpec, state: RunState, *, command: str, git: Mapping[str, 
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     error = None
     stop_signal = None
+    base = {"started": started, "action": state.action, "command": command, "pid": os.getpid(), **(git or {})}
+    _append_record(spec, {**base, "status": "running", "rounds": None, "wall_seconds": 0.0})
     try:
         if cfg.get("threads"):
             torch.set_num_threads(int(cfg["threads"]))
@@ -404,8 +441,7 @@ def _execute(spec: RunSpec, state: RunState, *, command: str, git: Mapping[str, 
     wall = time.perf_counter() - start
     status = str(summary.get("status"))
     rounds = summary.get("rounds")
-    _append_record(spec, {"started": started, "action": state.action, "status": status, "rounds": rounds,
-                          "wall_seconds": round(wall, 3), "command": command, **(git or {})})
+    _append_record(spec, {**base, "status": status, "rounds": rounds, "wall_seconds": round(wall, 3)})
     return Outcome(str(spec.dir), state.action, status, rounds, wall, summary, error, stop_signal=stop_signal)
 
 
@@ -550,7 +586,7 @@ def _run_pool(pending: list[tuple[RunSpec, RunState]], jobs: int, command: str, 
                               "the same command resumes it from its last checkpoint")
             _append_record(spec, {"started": started, "action": state.action, "status": "killed", "rounds": None,
                                   "wall_seconds": round(outcome.wall_seconds, 3), "command": command, "error": outcome.error,
-                                  **(git or {})})
+                                  "pid": proc.pid, **(git or {})})
         else:
             proc.join()
             if kind == "raise":
