@@ -51,6 +51,8 @@ class SeedsResult:
     histories: dict[int, list[dict[str, Any]]]
     stats: dict[str, SeedStats] = field(default_factory=dict)
     reused: list[int] = field(default_factory=list)
+    stacking: dict[str, Any] = field(default_factory=dict)
+    """How the seeds ran (:func:`fednorm.engine.stacked_runs.run_stacked`): joint and separate rounds, or why not stacked."""
 
     def table(self) -> str:
         """A plain-text table of the metrics in %: mean ± std (min–max) over the seeds."""
@@ -121,6 +123,7 @@ def run_seeds(
     *,
     run: Callable[..., Any] | None = None,
     plot: bool = True,
+    stack: bool = True,
     **run_kwargs: Any,
 ) -> SeedsResult:
     """Run ``config`` once per seed in ``root/seed<k>`` and aggregate.
@@ -133,6 +136,10 @@ def run_seeds(
             as ``run(config, **run_kwargs)`` for a new seed and ``run(resume=dir, **run_kwargs)``
             for an interrupted one.
         plot: draw ``accuracy_seeds.png``.
+        stack: train the seeds that still have rounds to run together, as one computation
+            (:mod:`fednorm.engine.stacked_runs`; equal to running them one by one to float
+            rounding); where they cannot stack, the reason is in ``SeedsResult.stacking`` and they
+            run one by one. Ignored with a custom ``run``.
     """
     from .api import run as api_run
     from .config import ExperimentConfig
@@ -144,10 +151,25 @@ def run_seeds(
         raise ValueError("run_seeds needs at least one seed")
     base = config.model_dump() if isinstance(config, ExperimentConfig) else dict(config)
     result = SeedsResult(root=root, runs={}, summaries={}, histories={})
+    todo = [s for s in seeds if not _finished(root / f"seed{s}")]
+    if stack and run is api_run and len(todo) > 1:
+        from .engine.stacked_runs import run_stacked
+
+        configs = [ExperimentConfig(**{**base, "seed": s, "out": str(root / f"seed{s}")}) for s in todo]
+        resumes = [root / f"seed{s}" if (root / f"seed{s}" / "checkpoint.pt").exists() else None for s in todo]
+        outcomes, result.stacking = run_stacked(configs, resume=resumes, **run_kwargs)
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        if failures:  # every other seed has finished and written its run: now say what failed, as alone
+            raise failures[0]
+        stacked = set(todo)
+    else:
+        stacked = set()
     for seed in seeds:
         d = root / f"seed{seed}"
         result.runs[seed] = d
-        if _finished(d):
+        if seed in stacked:
+            pass  # trained above, with the others
+        elif _finished(d):
             result.reused.append(seed)
         elif (d / "checkpoint.pt").exists():
             run(resume=d, **run_kwargs)

@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "mean ± std of every metric (OUT/seeds.json, seeds.csv, accuracy_seeds.png); rerunning the "
                        "command keeps finished seeds and resumes an interrupted one")
     seeds.add_argument("--num-seeds", type=int, metavar="N", help="--seeds SEED, SEED+1, ..., SEED+N-1 (SEED: --seed)")
+    p_run.add_argument("--stack", choices=("auto", "off"), default="auto", help="with --seeds: train the seeds together as "
+                       "one computation where the method allows (auto, the default; equal to separate runs to float "
+                       "rounding), or one after another (off)")
     _add_config_options(p_run)
 
     p_launch = sub.add_parser(
@@ -211,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "tabulate mean ± std (results.md/.csv/.json, accuracy.png with ±std bands); rerunning keeps "
                            "finished seeds")
     cmp_seeds.add_argument("--num-seeds", type=int, metavar="N", help="--seeds SEED, SEED+1, ..., SEED+N-1 (SEED: --seed)")
+    p_cmp.add_argument("--stack", choices=("auto", "off"), default="auto", help="with --seeds: train each variant's seeds "
+                       "together as one computation where the method allows (auto), or one after another (off)")
     _add_config_options(p_cmp, defaults={**QUICKSTART, "out": "runs/compare-<dataset>-<time>"})
 
     p_part = sub.add_parser("partition", help="print and plot the per-client label histogram of a partition")
@@ -448,9 +453,14 @@ def _run_seeds_command(args: argparse.Namespace) -> int:
 
         on_round = ProgressLines() if wants_lines() else OverallBar(len(seeds), cfg.rounds, desc="all seeds")
     try:
-        result = run_seeds(cfg, seeds, root, progress=progress, on_round=on_round)
+        result = run_seeds(cfg, seeds, root, progress=progress, on_round=on_round, stack=args.stack != "off")
     finally:
         getattr(on_round, "close", lambda: None)()
+    if result.stacking.get("blockers"):
+        print(f"seeds ran one after another: {'; '.join(result.stacking['blockers'])}")
+    elif result.stacking:
+        print(f"seeds ran stacked: {result.stacking['joint_rounds']} joint rounds"
+              + (f", {result.stacking['separate_rounds']} run by run" if result.stacking["separate_rounds"] else ""))
     if result.reused:
         print(f"kept the finished seed(s) {', '.join(map(str, result.reused))}")
     statuses = [s.get("status") for s in result.summaries.values()]
@@ -709,6 +719,7 @@ def _compare_seeds_command(args: argparse.Namespace, cfg: ExperimentConfig, vari
           f"thread{'s' if cfg.threads != 1 else ''}: {why}) -> {out}", flush=True)
     try:
         result = compare_seeds(planned, seeds, out, progress=False if args.quiet else None, on_round=on_round,
+                               stack=args.stack != "off",
                                title=f"{cfg.dataset}, {cfg.partition}, {cfg.num_clients} clients, {len(seeds)} seeds")
     finally:
         getattr(on_round, "close", lambda: None)()

@@ -189,6 +189,14 @@ class VectorizedExecutor(Executor):
             answers.update(zip(chunk, result))
         return answers
 
+    def _generators(self, server_round: int, client_ids: list[int]) -> list[torch.Generator]:
+        """Each client's batch and augmentation stream, the one the sequential executor draws."""
+        return [torch_generator(self.seed, "batches", server_round, c) for c in client_ids]
+
+    def _module_seed(self, server_round: int, client_ids: list[int]) -> int:
+        """The chunk's seed for module randomness (dropout)."""
+        return derive_seed(self.seed, "module-rng-vectorized", server_round, client_ids[0])
+
     # -- one round --------------------------------------------------------------------------
     def run_round(
         self, server_round: int, client_ids: list[int], global_state: dict[str, torch.Tensor], lr: float
@@ -229,11 +237,11 @@ class VectorizedExecutor(Executor):
         frozen = {n: p for n, p in net.named_parameters() if n not in self._trainable}
 
         # Each client's batches and augmentation come from its own stream, as in the sequential executor.
-        gens = [torch_generator(self.seed, "batches", server_round, c) for c in client_ids]
+        gens = self._generators(server_round, client_ids)
         indices = [data.client_train[c] for c in client_ids]
         sizes = [len(ix) for ix in indices]
         plans = [self._batch_plan(n, g) for n, g in zip(sizes, gens)]
-        torch.manual_seed(derive_seed(self.seed, "module-rng-vectorized", server_round, client_ids[0]))
+        torch.manual_seed(self._module_seed(server_round, client_ids))
 
         full_momentum: dict[str, torch.Tensor | None] = {n: None for n in full_params}
         dev = data.train_x.device  # index and mask tensors live beside the data (CPU or GPU)

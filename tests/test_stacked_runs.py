@@ -1,0 +1,109 @@
+"""Runs as a dimension (issue 36.2): seeds trained together as one computation equal the same
+runs made alone (float64), write the same run directories, and fall back with a reason where
+they cannot stack."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fednorm import api
+from fednorm.cli.main import main
+from fednorm.config import ExperimentConfig
+from fednorm.engine.stacked_runs import run_stacked, stack_blockers
+from fednorm.seeds import run_seeds
+
+BASE = dict(dataset="digits", partition="dirichlet", alpha=0.3, num_clients=6, clients_per_round=4, batch_size=16, lr=0.05,
+            momentum=0.9, model="simple_cnn", rounds=3, dtype="float64", eval_every=1, threads=1)
+
+
+@pytest.fixture(autouse=True)
+def _no_plots(monkeypatch):
+    monkeypatch.setattr("fednorm.plotting.plot_accuracy", lambda *a, **k: None)
+
+
+def _assert_same(stacked, alone):
+    assert [h["round"] for h in stacked.history] == [h["round"] for h in alone.history]
+    for a, b in zip(stacked.history, alone.history):
+        assert a["test_accuracy"] == b["test_accuracy"] and a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-10)
+    for key, value in alone.simulation.global_state.items():
+        torch.testing.assert_close(stacked.simulation.global_state[key], value, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("variant", [
+    {"method": "fedavg", "norm": "bn"},
+    {"method": "fedavg", "norm": "gn", "norm_args": {"num_groups": 2}},
+    {"method": "fedbn", "norm": "bn"},          # local BN tensors: each run's own bank
+    {"method": "fedavg", "norm": "ln", "local_epochs": 2, "batch_size": 50},  # unequal steps per client
+])
+def test_stacked_seeds_equal_the_runs_made_alone(variant, tmp_path):
+    configs = [ExperimentConfig(**{**BASE, **variant}, seed=s, out=str(tmp_path / f"s{s}")) for s in (0, 1, 2)]
+    assert stack_blockers(configs) == []
+    stacked, info = run_stacked(configs)
+    assert info["joint_rounds"] == 3 and info["separate_rounds"] == 0
+    for cfg, res in zip(configs, stacked):
+        assert not isinstance(res, BaseException), res
+        alone = api.run(cfg.model_copy(update={"out": None}), write=False, progress=False)
+        _assert_same(res, alone)
+        summary = json.loads((tmp_path / f"s{cfg.seed}" / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["seed"] == cfg.seed
+        assert summary["samples_trained"] == alone.summary["samples_trained"]
+
+
+def test_runs_with_other_partitions_stack_too(tmp_path):
+    configs = [ExperimentConfig(**{**BASE, "alpha": a}, seed=0, out=str(tmp_path / f"a{a}")) for a in (0.1, 1.0)]
+    stacked, info = run_stacked(configs)
+    assert info["joint_rounds"] == 3
+    for cfg, res in zip(configs, stacked):
+        _assert_same(res, api.run(cfg.model_copy(update={"out": None}), write=False, progress=False))
+
+
+def test_what_cannot_stack_says_why_and_runs_one_by_one(tmp_path):
+    a = ExperimentConfig(**BASE, seed=0, out=str(tmp_path / "a"))
+    assert "the runs differ in model" in stack_blockers([a, a.model_copy(update={"model": "mlp"})])
+    prox = [ExperimentConfig(**{**BASE, "client_opt": "fedprox"}, seed=s,
+                            out=str(tmp_path / f"p{s}")) for s in (0, 1)]
+    why = stack_blockers(prox)
+    assert any("client-side hooks" in w for w in why)
+    results, info = run_stacked(prox)
+    assert info["joint_rounds"] == 0 and info["blockers"] == why
+    assert all(r.summary["status"] == "completed" for r in results)
+
+
+def test_run_seeds_stacks_by_default_and_equals_stack_off(tmp_path, capsys):
+    cfg = ExperimentConfig(**BASE)
+    stacked = run_seeds(cfg, [0, 1], tmp_path / "on", plot=False, progress=False)
+    alone = run_seeds(cfg, [0, 1], tmp_path / "off", plot=False, progress=False, stack=False)
+    assert stacked.stacking["joint_rounds"] == 3 and not alone.stacking
+    for name, st in alone.stats.items():
+        assert stacked.stats[name].mean == pytest.approx(st.mean, rel=1e-9)
+    args = ["run", "--seeds", "3,4", "--rounds", "2", "--model", "mlp", "--num-clients", "3", "--threads", "1", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "cli")]) == 0
+    assert "seeds ran stacked: 2 joint rounds" in capsys.readouterr().out
+    assert main([*args, "--out", str(tmp_path / "cli-off"), "--stack", "off"]) == 0
+    assert "stacked" not in capsys.readouterr().out
+
+
+def test_a_joint_round_that_diverges_is_rerun_run_by_run(tmp_path, monkeypatch):
+    """Only the run whose clients diverged may stop: the barrier reruns that round on each run's
+    own executor, and the runs go on (here the joint step fails once; the reruns are exact)."""
+    from fednorm.engine import stacked_runs
+    from fednorm.errors import DivergenceError
+
+    original = stacked_runs.StackedRunsExecutor.train
+    calls = []
+
+    def flaky(self, server_round, requests, lr):
+        calls.append(server_round)
+        if server_round == 2 and calls.count(2) == 1:
+            raise DivergenceError("non-finite training loss at round 2 (injected)")
+        return original(self, server_round, requests, lr)
+
+    monkeypatch.setattr(stacked_runs.StackedRunsExecutor, "train", flaky)
+    configs = [ExperimentConfig(**BASE, seed=s, out=str(tmp_path / f"s{s}")) for s in (0, 1)]
+    stacked, info = run_stacked(configs)
+    assert (info["joint_rounds"], info["separate_rounds"]) == (2, 1)
+    for cfg, res in zip(configs, stacked):
+        _assert_same(res, api.run(cfg.model_copy(update={"out": None}), write=False, progress=False))
