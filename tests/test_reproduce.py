@@ -760,3 +760,25 @@ def test_a_killed_suite_leaves_the_invocation_it_started(tiny_configs: Path, tmp
     (inv,) = record["invocations"]
     assert inv["status"] == "running" and inv["pid"] == proc.pid and "--rounds 100000" in inv["command"]
     assert "commit" in inv
+
+
+def test_data_that_loads_but_cannot_be_split_as_the_table_needs_is_missing_data(tiny_configs: Path, tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    """Digits-5 with two of its five domains loads, then cannot give five one-domain clients: the
+    table is reported as missing data (a suite over every table skips it) instead of stopping the suite."""
+    from fednorm.errors import DatasetError, PartitionError
+
+    (table,) = _tiny(tiny_configs)
+    specs = plan([table], scale="reduced", out=tmp_path, rows=["a"], columns=["x"])
+
+    def impossible(config):
+        raise PartitionError("num_clients=5 is not a multiple of the 2 sources")
+
+    class TwoDomains:  # a multi-source test split that loads (two of the sources the table needs)
+        domains = [0, 1]
+
+    monkeypatch.setattr(runner, "_data_for", impossible)
+    monkeypatch.setattr("fednorm.data.datasets.load_dataset", lambda *a, **k: TwoDomains())
+    with pytest.raises(DatasetError, match="cannot be split as hbn/tiny needs: num_clients=5"):
+        runner.prepare_data(table, specs, source_dir=None, out=tmp_path)
+    assert runner.data_missing_file(tmp_path, "tiny").is_file()
