@@ -274,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ..diagnostics.cli import add_parser as add_diagnose_parser  # fednorm diagnose RUN_DIR (fednorm/diagnostics)
 
     add_diagnose_parser(sub)
+    from .evaluate import add_parser as add_evaluate_parser  # fednorm evaluate RUN_DIR --test-file F (fednorm/evaluation)
+
+    add_evaluate_parser(sub)
 
     p_list = sub.add_parser("list", help="list methods, norms, models, datasets and partitions")
     p_list.add_argument("what", nargs="?", choices=["methods", "norms", "models", "datasets", "partitions", "client_opts", "server_opts", "aggregators", "attacks"], help="one registry (default: all)")
@@ -854,6 +857,12 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     return command(args)
 
 
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from .evaluate import command
+
+    return command(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -891,7 +900,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     handler = {"run": _cmd_run, "compare": lambda a: _keeping_threads(_cmd_compare, a), "partition": _cmd_partition, "list": _cmd_list,
                "analyze": _cmd_analyze, "flower-app": _cmd_flower_app,
                "adapt": _cmd_adapt, "reproduce": lambda a: _cmd_reproduce(a, argv), "report": _cmd_report,
-               "diagnose": _cmd_diagnose}[args.command]
+               "diagnose": _cmd_diagnose, "evaluate": _cmd_evaluate}[args.command]
     try:
         return handler(args)
     except FednormError as exc:
