@@ -72,6 +72,65 @@ class FederatedData:
         parts = [ix.cpu().numpy() for ix in self.client_train]
         return label_histogram(self.train_y.cpu().numpy(), parts, self.num_classes)
 
+    @classmethod
+    def from_tensors(
+        cls,
+        clients: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        test: tuple[torch.Tensor, torch.Tensor],
+        *,
+        name: str = "tensors",
+        num_classes: int | None = None,
+        augment: bool = False,
+        seed: int = 0,
+    ) -> "FederatedData":
+        """Your own clients' tensors as a federation: ``clients[k] = (x_k, y_k)`` with ``x_k`` float
+        ``N_k×C×H×W`` (or ``N_k×F``), already normalised as you want the model to see them, and
+        ``y_k`` integer labels; ``test = (x, y)`` the global test set, cut into per-client test
+        splits with each client's label mix (as fednorm's own datasets are). A run records it as
+        ``user:NAME`` with a content fingerprint (:mod:`fednorm.data.provenance`).
+
+        Raises:
+            DatasetError: shapes, dtypes or labels that do not fit together (one line, naming the client).
+        """
+        from ..errors import DatasetError
+
+        if not clients:
+            raise DatasetError("from_tensors needs at least one client (clients=[(x, y), ...])")
+        xs, ys = [], []
+        for k, pair in enumerate(clients):
+            if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(t, torch.Tensor) for t in pair)):
+                raise DatasetError(f"client {k}: expected a pair of tensors (x, y), got {type(pair).__name__}")
+            x, y = pair
+            if x.dim() not in (2, 4) or y.dim() != 1 or len(x) != len(y):
+                raise DatasetError(f"client {k}: x must be N×C×H×W or N×F and y N labels; got x {tuple(x.shape)}, y {tuple(y.shape)}")
+            if not x.is_floating_point() or y.is_floating_point() or y.dtype == torch.bool:
+                raise DatasetError(f"client {k}: x must be float and y integer labels; got {x.dtype} and {y.dtype}")
+            if xs and x.shape[1:] != xs[0].shape[1:]:
+                raise DatasetError(f"client {k}: samples of shape {tuple(x.shape[1:])}, client 0's are {tuple(xs[0].shape[1:])}")
+            xs.append(x)
+            ys.append(y.long())
+        tx, ty = test
+        if tx.shape[1:] != xs[0].shape[1:] or ty.dim() != 1 or len(tx) != len(ty):
+            raise DatasetError(f"test: x must be N×{'×'.join(map(str, xs[0].shape[1:]))} and y N labels; got x "
+                               f"{tuple(tx.shape)}, y {tuple(ty.shape)}")
+        labels = torch.cat([*ys, ty.long()])
+        k_classes = int(labels.max()) + 1 if num_classes is None else int(num_classes)
+        if int(labels.min()) < 0 or int(labels.max()) >= k_classes:
+            raise DatasetError(f"labels must lie in [0, {k_classes}); found {int(labels.min())}..{int(labels.max())}")
+        train_x, train_y = torch.cat(xs).float(), torch.cat(ys)
+        sizes = [len(x) for x in xs]
+        starts = np.cumsum([0, *sizes])
+        parts = [np.arange(starts[i], starts[i + 1]) for i in range(len(sizes))]
+        hist = label_histogram(train_y.numpy(), parts, k_classes)
+        test_parts = split_like(ty.long().numpy(), hist, seed=seed)
+        channels = train_x.shape[1] if train_x.dim() == 4 else 1
+        size = tuple(train_x.shape[2:]) if train_x.dim() == 4 else (1, train_x.shape[1])
+        info = DatasetInfo(name=name, num_classes=k_classes, in_channels=channels, image_size=size,  # type: ignore[arg-type]
+                           mean=(0.0,) * channels, std=(1.0,) * channels, augment=augment)
+        return cls(info=info, train_x=train_x, train_y=train_y, test_x=tx.float(), test_y=ty.long(),
+                   client_train=[torch.as_tensor(p, dtype=torch.int64) for p in parts],
+                   client_test=[torch.as_tensor(p, dtype=torch.int64) for p in test_parts], augment=augment, name=name)
+
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "FederatedData":
         self.train_x = self.train_x.to(device=device, dtype=dtype or self.train_x.dtype)
         self.test_x = self.test_x.to(device=device, dtype=dtype or self.test_x.dtype)

@@ -4,7 +4,7 @@ import torch
 
 from fednorm.config import ExperimentConfig
 from fednorm.data.datasets import load_dataset
-from fednorm.data.federated import federated_data_from_config
+from fednorm.data.federated import FederatedData, federated_data_from_config
 from fednorm.errors import DatasetError
 
 
@@ -37,3 +37,29 @@ def test_input_norm_is_checked() -> None:
     with pytest.raises(DatasetError, match="channel"):  # digits has one channel
         federated_data_from_config(ExperimentConfig(dataset="digits", num_clients=2, partition="iid",
                                                     input_norm={"mean": [0.1, 0.2, 0.3], "std": [1.0, 1.0, 1.0]}))
+
+
+def test_from_tensors_keeps_each_clients_samples_and_splits_the_test_set_once():
+    import fednorm
+    from fednorm.errors import DatasetError
+
+    g = torch.Generator().manual_seed(0)
+    clients = []
+    for k in range(4):
+        y = torch.randint(0, 3, (30 + 5 * k,), generator=g)
+        clients.append((torch.randn(len(y), 1, 8, 8, generator=g) + y.view(-1, 1, 1, 1), y))
+    yt = torch.randint(0, 3, (90,), generator=g)
+    xt = torch.randn(90, 1, 8, 8, generator=g) + yt.view(-1, 1, 1, 1)
+    data = FederatedData.from_tensors(clients, (xt, yt), name="mine")
+    assert data.num_clients == 4 and data.num_classes == 3 and data.info.in_channels == 1
+    for (x, y), ix in zip(clients, data.client_train):  # client k's rows are exactly its tensors
+        assert torch.equal(data.train_x[ix], x) and torch.equal(data.train_y[ix], y)
+    used = torch.cat(data.client_test).sort().values
+    assert torch.equal(used, torch.arange(90))  # every class is held by some client: each test image once
+    result = fednorm.run(data=data, model="mlp", rounds=3, batch_size=8, lr=0.1, write=False, progress=False)
+    assert result.summary["dataset"] == "user:mine" and result.summary["final_test_accuracy"] > 0.6  # learnable
+    for bad, needle in [([], "at least one client"), ([(xt, yt.float())], "y integer labels"),
+                        ([(xt[:5], yt[:4])], "client 0: x must be"), ([(xt, yt), (xt[:, :, :4], yt)], "client 1: samples of shape")]:
+        with pytest.raises(DatasetError, match=needle) as info:
+            FederatedData.from_tensors(bad, (xt, yt))
+        assert len(str(info.value)) <= 300 and "\n" not in str(info.value)
