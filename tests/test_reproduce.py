@@ -782,3 +782,27 @@ def test_data_that_loads_but_cannot_be_split_as_the_table_needs_is_missing_data(
     with pytest.raises(DatasetError, match="cannot be split as hbn/tiny needs: num_clients=5"):
         runner.prepare_data(table, specs, source_dir=None, out=tmp_path)
     assert runner.data_missing_file(tmp_path, "tiny").is_file()
+
+
+def test_a_finished_run_is_scored_on_the_tables_other_test_sets_and_the_report_shows_it(tiny_configs: Path,
+                                                                                        tmp_path: Path) -> None:
+    """extra_tests: every finished full-scale run is also evaluated on those files of the data folder
+    (CIFAR-10's 1,000 lossless test images beside the JPEG copy), and the report gives their accuracy."""
+    from fednorm.data.datasets import load_dataset
+    from fednorm.reproduce.report import collect, markdown
+
+    (table,) = _tiny(tiny_configs)
+    table.extra_tests = ["own.npz"]
+    (spec,) = plan([table], scale="full", out=tmp_path / "out", rows=["a"], columns=["x"], overrides={"rounds": 2})
+    test = load_dataset("digits", train=False)
+    np.savez(tmp_path / "own.npz", x=test.data, y=np.asarray(test.targets))  # the run's own test images
+    spec.config["data_dir"] = str(tmp_path)
+    assert spec.extra_tests == ["own.npz"]
+    outcome = runner.execute(spec, run_state(spec))
+    assert outcome.status == "completed"
+    entry = json.loads((spec.dir / "evaluation.json").read_text())["own.npz"]
+    assert entry["accuracy"] == pytest.approx(outcome.summary["final_test_accuracy"], abs=1e-12)
+    results = collect([table], scale="full", out=tmp_path / "out", overrides={"rounds": 2})
+    (cell,) = [c for c in results["tables"][0]["cells"] if (c["row"], c["column"]) == ("a", "x")]
+    assert cell["stats"]["test:own.npz"]["mean"] == pytest.approx(100 * entry["accuracy"])
+    assert "Final accuracy on `own.npz`" in markdown(results)

@@ -54,7 +54,7 @@ def test_a_run_scored_on_a_file_of_its_own_test_images_gives_its_own_accuracy(tm
     np.savez(tmp_path / "half.npz", x=half, y=np.asarray(test.targets)[: len(half)])
     assert main(["evaluate", str(run), "--test-file", str(tmp_path / "half.npz")]) == 0
     out = capsys.readouterr().out
-    assert f"half.npz" in out and f"({len(half)}" not in out and f"/{len(half)}; 95% interval" in out
+    assert "half.npz" in out and f"({len(half)}" not in out and f"/{len(half)}; 95% interval" in out
     assert set(json.loads((run / "evaluation.json").read_text())) == {"same.npz", "half.npz"}
 
 

@@ -123,6 +123,11 @@ def run_metrics(run_dir: str | Path, metric: str) -> dict[str, Any]:
         "run_command": record.get("run_command"),
         "error": summary.get("error"),
     }
+    evaluations = _read_json(run_dir / "evaluation.json") or {}  # fednorm evaluate: other test sets
+    out["extra_tests"] = {name: {"accuracy": 100.0 * float(e["accuracy"]), "n": int(e["n"]),
+                                 "interval95": [100.0 * float(v) for v in e["interval95"]]}
+                          for name, e in evaluations.items()
+                          if metric == "test_accuracy" and e.get("round") == summary.get("rounds")}
     sync = summary.get("final_sync")
     if isinstance(sync, Mapping) and metric in sync and sync[metric] is not None:
         out["final_sync"] = 100.0 * float(sync[metric])
@@ -216,6 +221,8 @@ def _collect_cell(table: Table, row_id: str, col_id: str, spec: RunSpec | None, 
     syncs = [r["final_sync"] for r in done if "final_sync" in r]
     if syncs:
         res["stats"]["final_sync"] = summarize(syncs)
+    for name in sorted({n for r in done for n in r.get("extra_tests", {})}):
+        res["stats"][f"test:{name}"] = summarize([r["extra_tests"][name]["accuracy"] for r in done if name in r.get("extra_tests", {})])
     for stat in table.compare:
         mean = res["stats"][stat]["mean"]
         res["diff"][stat] = None if mean is None or cell.paper is None else mean - cell.paper
@@ -358,6 +365,11 @@ def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
     if has_sync:
         lines += ["", "HBN's statistics-only round T+1 (`final_sync`), mean ± std: " + "; ".join(
             f"{c['row_label']} | {c['column_label']}: {_ms(c['stats']['final_sync'])}" for c in t["cells"] if "final_sync" in c["stats"])]
+    extra = sorted({k for c in t["cells"] for k in c["stats"] if k.startswith("test:")})
+    for key in extra:  # the final checkpoints scored on another test set (fednorm evaluate)
+        lines += ["", f"Final accuracy on `{key[5:]}` (`fednorm evaluate`; the runs' own test set is in the table above), "
+                  "mean ± std over the seeds scored: " + "; ".join(
+                      f"{c['row_label']} | {c['column_label']}: {_ms(c['stats'][key])}" for c in t["cells"] if key in c["stats"])]
     lines += ["", f"**Ordering of the methods within each column** (by the {STAT_LABEL[t['compare'][0]]}; pairs of rows with a paper number):", ""]
     labels = {r["id"]: r["label"] for r in t["rows"]}
     for col in t["columns"]:

@@ -70,6 +70,8 @@ class RunSpec:
     cells: list[tuple[str, str]]
     label: str
     paper_rounds: int
+    extra_tests: list[str] = field(default_factory=list)
+    """Test-set files (data folder) a finished full-scale run is also scored on (``fednorm evaluate``)."""
 
     def describe(self) -> str:
         return f"{self.table} {self.label} seed {self.seed}"
@@ -177,7 +179,7 @@ def plan(
                     cfg["out"] = str(run_dir)
                     label = f"{table.row(row_id).label} | {table.column(col_id).label}" if run_id != row_id else table.row(row_id).label
                     spec = RunSpec(table.paper, table.id, run_id, seed, scale, cfg, run_dir, [(row_id, col_id)], label,
-                                   table.paper_rounds(row_id, col_id))
+                                   table.paper_rounds(row_id, col_id), list(table.extra_tests) if scale == "full" else [])
                     by_config[key] = spec
                     keyed.append(((t_index, seed - base_seed, c_index, r_index), spec))
         specs += [s for _, s in sorted(keyed, key=lambda item: item[0])]
@@ -456,8 +458,22 @@ def _execute(spec: RunSpec, state: RunState, *, command: str, git: Mapping[str, 
     wall = time.perf_counter() - start
     status = str(summary.get("status"))
     rounds = summary.get("rounds")
+    if status == "completed":
+        _score_extra_tests(spec)
     _append_record(spec, {**base, "status": status, "rounds": rounds, "wall_seconds": round(wall, 3)})
     return Outcome(str(spec.dir), state.action, status, rounds, wall, summary, error, stop_signal=stop_signal)
+
+
+def _score_extra_tests(spec: RunSpec) -> None:
+    """A finished run also scored on its table's other test sets found in the data folder (the
+    1,000 lossless CIFAR-10 images beside the JPEG copy every run trains with), into evaluation.json."""
+    from ..evaluation import evaluate_run_on
+
+    folder = spec.config.get("data_dir")
+    for name in spec.extra_tests:
+        path = Path(folder) / name if folder else None
+        if path is not None and path.is_file():
+            evaluate_run_on(spec.dir, path)
 
 
 def _work(payload: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ number lives in Python::
     cells:                        # row -> column -> the paper's number, or a mapping:
       bn: {phi0.6: 75.82}         #   {paper: 80, approx: true, note: ..., set: {...}, skip: "why"}
     notes: [...]                  # differences from the paper, printed in the report
+    extra_tests: [f.npz]          # test-set files in the data folder every finished full-scale run is also scored on
 
 A cell's config is ``base``, then (reduced) ``reduced.set``, the column's ``set``, the row's
 ``set``, the cell's ``set``, then (reduced) ``reduced.rows[row]`` and ``reduced.columns[column]``;
@@ -69,7 +70,7 @@ METRICS = ("test_accuracy", "mean_client_accuracy")
 ENV_CONFIGS = "FEDNORM_REPRODUCE_CONFIGS"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TABLE_KEYS = {"paper", "table", "title", "source", "claim", "metric", "compare", "seeds", "base", "reduced",
-               "rows", "columns", "cells", "notes"}
+               "rows", "columns", "cells", "notes", "extra_tests"}
 _REDUCED_KEYS = {"description", "set", "data_subset", "rows", "columns", "seeds"}
 _ROW_KEYS = {"id", "label", "set", "seeds"}
 _COLUMN_KEYS = {"id", "label", "set", "metric"}
@@ -151,6 +152,8 @@ class Table:
     cells: dict[tuple[str, str], Cell]
     notes: list[str]
     path: Path
+    extra_tests: list[str] = field(default_factory=list)
+    """Test-set files (in the data folder) every finished full-scale run is also scored on (``fednorm evaluate``)."""
 
     def cell(self, row: str, column: str) -> Cell:
         return self.cells.get((row, column)) or Cell(row, column)
@@ -324,7 +327,11 @@ def load_table(path: str | Path) -> Table:
     notes = spec.get("notes") or []
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise _fail(path, "notes must be a list of text lines")
+    extra = spec.get("extra_tests") or []
+    if not isinstance(extra, list) or not all(isinstance(n, str) and n.endswith(".npz") for n in extra):
+        raise _fail(path, "extra_tests must be a list of .npz file names in the data folder")
     return Table(
+        extra_tests=extra,
         paper=paper, id=table_id, title=str(spec.get("title", table_id)), source=str(spec.get("source", "")),
         claim=str(spec.get("claim", "")), metric=_check_metric(spec.get("metric", "test_accuracy"), path, "metric"),
         compare=compare, seeds=_check_seeds(spec.get("seeds", 1), path, "seeds") or 1,
