@@ -74,6 +74,18 @@ def load_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]
     return summary, history
 
 
+def _one_copy(configs: Sequence[Any], run_kwargs: dict[str, Any]) -> list[Any] | None:
+    """The seeds' client data over one copy of the dataset (each seed's own split), where the
+    seeds differ only in how the samples are split; else None (each run builds its own)."""
+    from .data.federated import federated_data_from_config, repartition
+    from .engine.stacked_runs import stack_blockers
+
+    if "data" in run_kwargs or stack_blockers(configs):
+        return None
+    first = federated_data_from_config(configs[0])
+    return [first, *(repartition(first, c) for c in configs[1:])]
+
+
 def _finished(run_dir: Path) -> bool:
     try:
         return json.loads((run_dir / "summary.json").read_text()).get("status") == "completed"
@@ -157,7 +169,7 @@ def run_seeds(
 
         configs = [ExperimentConfig(**{**base, "seed": s, "out": str(root / f"seed{s}")}) for s in todo]
         resumes = [root / f"seed{s}" if (root / f"seed{s}" / "checkpoint.pt").exists() else None for s in todo]
-        outcomes, result.stacking = run_stacked(configs, resume=resumes, **run_kwargs)
+        outcomes, result.stacking = run_stacked(configs, resume=resumes, data=_one_copy(configs, run_kwargs), **run_kwargs)
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         if failures:  # every other seed has finished and written its run: now say what failed, as alone
             raise failures[0]

@@ -135,5 +135,5 @@ def test_the_overall_bar_counts_every_round_of_every_seed(tmp_path: Path) -> Non
     out = io.StringIO()
     bar = OverallBar(runs=2, rounds=2, file=out)
     run_seeds(ExperimentConfig(**TINY), [0, 1], tmp_path, progress=False, on_round=bar, plot=False)
-    assert bar.bar.n == bar.bar.total == 4 and "run 2/2: fedavg+bn seed 1" in out.getvalue()
+    assert bar.bar.n == bar.bar.total == 4 and "run 2/2: fedavg+bn seed " in out.getvalue()  # stacked: either seed starts second
     bar.close()

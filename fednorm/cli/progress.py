@@ -50,25 +50,30 @@ class ProgressLines(Callback):
     def __init__(self, stream: TextIO | None = None, variants: int | None = None) -> None:
         self.stream = stream
         self.variants = variants
-        self._sim: Any = None
-        self._index = 0
-        self._t0 = 0.0
-        self._r0 = 0
+        # each run's index, clock start and first round; runs may report in turn (stacked runs)
+        self._runs: dict[int, tuple[int, float, int]] = {}
+
+    @property
+    def _index(self) -> int:
+        """How many runs have reported so far."""
+        return len(self._runs)
 
     def on_round_end(self, record: Any, sim: Any) -> None:
         now = time.perf_counter()
-        if sim is not self._sim:  # a new run: its clock starts at the beginning of this first round
-            self._sim, self._index = sim, self._index + 1
-            self._t0 = now - float(getattr(record, "seconds", 0.0) or 0.0)
-            self._r0 = record.server_round - 1
+        if id(sim) not in self._runs:  # a new run: its clock starts at the beginning of this first round
+            self._runs[id(sim)] = (len(self._runs) + 1, now - float(getattr(record, "seconds", 0.0) or 0.0),
+                                   record.server_round - 1)
+        index, t0, r0 = self._runs[id(sim)]
         if not record.metrics:
             return
         cfg = sim.config
-        elapsed = now - self._t0
-        done = record.server_round - self._r0
+        elapsed = now - t0
+        done = record.server_round - r0
         left = cfg.rounds - record.server_round
         eta = elapsed / done * left if done > 0 else 0.0
-        prefix = f"[{self._index}/{self.variants}] " if self.variants else ""
+        prefix = f"[{index}/{self.variants}] " if self.variants else ""
+        if getattr(cfg, "seed", None) is not None and len(self._runs) > 1 and not self.variants:
+            prefix = f"seed {cfg.seed}: "  # several runs at once (fednorm run --seeds): say whose line it is
         acc = record.metrics.get("test_accuracy")
         acc_txt = "n/a" if acc is None else f"{100 * acc:.2f}%"
         eps = record.metrics.get("dp/epsilon")  # a DP run's accuracy is read with the privacy it cost

@@ -21,7 +21,7 @@ from ..errors import PartitionError
 from .datasets import DatasetInfo, dataset_to_tensors, load_dataset
 from .partition import client_domains, label_histogram, partition, split_by_domain, split_like
 
-__all__ = ["FederatedData", "build_federated_data", "cached_federated_data", "federated_data_from_config"]
+__all__ = ["FederatedData", "build_federated_data", "cached_federated_data", "federated_data_from_config", "repartition"]
 
 
 @dataclass
@@ -286,3 +286,33 @@ def federated_data_from_config(config: object) -> FederatedData:
     )
     data.recipe = data_recipe(config)
     return data
+
+
+#: Recipe fields a repartition may change: they decide only which client holds which sample.
+_SPLIT_FIELDS = ("partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args", "num_clients", "seed")
+
+
+def repartition(data: FederatedData, config: object) -> FederatedData | None:
+    """``config``'s federation over ``data``'s tensors: the same samples (shared, not copied), split
+    as ``config`` splits them; equal to :func:`federated_data_from_config` of ``config``. None when
+    ``config`` needs other samples (another dataset, normalisation or augmentation) or the split
+    depends on more than the labels (multi-source data). Stacked runs of several seeds hold one
+    copy of the dataset this way."""
+    from .provenance import data_recipe
+
+    if data.recipe is None or data.domain_names is not None:
+        return None
+    wanted = data_recipe(config)
+    if any(wanted[k] != v for k, v in data.recipe.items() if k not in _SPLIT_FIELDS):
+        return None
+    c = config
+    params = {"alpha": c.alpha, "classes_per_client": c.classes_per_client, "gamma": c.gamma,  # type: ignore[attr-defined]
+              "min_size": c.min_size, **c.partition_args}  # type: ignore[attr-defined]
+    targets = data.train_y.cpu().numpy()
+    parts = partition(c.partition, targets, c.num_clients, seed=c.seed, **params)  # type: ignore[attr-defined]
+    hist = label_histogram(targets, parts, data.num_classes)
+    test_parts = split_like(data.test_y.cpu().numpy(), hist, seed=c.seed)  # type: ignore[attr-defined]
+    return FederatedData(info=data.info, train_x=data.train_x, train_y=data.train_y, test_x=data.test_x, test_y=data.test_y,
+                         client_train=[torch.as_tensor(p, dtype=torch.int64) for p in parts],
+                         client_test=[torch.as_tensor(p, dtype=torch.int64) for p in test_parts],
+                         augment=data.augment, name=data.name, recipe=wanted)

@@ -63,3 +63,21 @@ def test_from_tensors_keeps_each_clients_samples_and_splits_the_test_set_once():
         with pytest.raises(DatasetError, match=needle) as info:
             FederatedData.from_tensors(bad, (xt, yt))
         assert len(str(info.value)) <= 300 and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("change", [{"seed": 7}, {"alpha": 0.1, "seed": 2}, {"partition": "classes", "classes_per_client": 2},
+                                    {"num_clients": 5, "partition": "iid"}])
+def test_repartition_equals_a_fresh_build_and_shares_the_samples(change):
+    from fednorm.data.federated import repartition
+
+    base = ExperimentConfig(dataset="digits", partition="dirichlet", alpha=0.5, num_clients=8, seed=0)
+    data = federated_data_from_config(base)
+    other = base.model_copy(update=change)
+    again = repartition(data, other)
+    fresh = federated_data_from_config(other)
+    assert again is not None and again.train_x is data.train_x and again.test_x is data.test_x  # one copy
+    assert torch.equal(again.train_x, fresh.train_x) and torch.equal(again.test_y, fresh.test_y)
+    assert len(again.client_train) == len(fresh.client_train)
+    for a, b in zip(again.client_train + again.client_test, fresh.client_train + fresh.client_test):
+        assert torch.equal(a, b)
+    assert repartition(data, base.model_copy(update={"input_norm": "none"})) is None  # other samples: no
