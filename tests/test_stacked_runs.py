@@ -107,3 +107,14 @@ def test_a_joint_round_that_diverges_is_rerun_run_by_run(tmp_path, monkeypatch):
     assert (info["joint_rounds"], info["separate_rounds"]) == (2, 1)
     for cfg, res in zip(configs, stacked):
         _assert_same(res, api.run(cfg.model_copy(update={"out": None}), write=False, progress=False))
+
+
+def test_a_run_that_fails_before_it_is_built_does_not_hold_up_the_others(tmp_path):
+    (tmp_path / "a-file").write_text("not a directory")
+    configs = [ExperimentConfig(**BASE, seed=s, out=str(tmp_path / f"s{s}")) for s in (0, 1, 2)]
+    configs[1] = configs[1].model_copy(update={"out": str(tmp_path / "a-file" / "run")})  # cannot be made
+    results, info = run_stacked(configs)
+    assert isinstance(results[1], Exception)
+    assert info["joint_rounds"] == 3  # the two others still trained together
+    for i in (0, 2):
+        _assert_same(results[i], api.run(configs[i].model_copy(update={"out": None}), write=False, progress=False))

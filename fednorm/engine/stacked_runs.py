@@ -97,21 +97,23 @@ class StackedRunsExecutor(VectorizedExecutor):
     """
 
     def __init__(self, sims: Sequence[Simulation]) -> None:
-        base = sims[0]
-        for sim in sims[1:]:
-            if not (torch.equal(sim.data.train_x, base.data.train_x) and torch.equal(sim.data.train_y, base.data.train_y)):
+        built = [sim for sim in sims if sim is not None]  # None: a run that failed before it was built
+        base = built[0]
+        for sim in built[1:]:
+            same = sim.data.train_x is base.data.train_x or torch.equal(sim.data.train_x, base.data.train_x)
+            if not (same and torch.equal(sim.data.train_y, base.data.train_y)):
                 raise ValueError("the runs' training tensors differ: their datasets cannot be stacked")
         self.sims = list(sims)
         self.offsets = [0]
         for sim in sims:
-            self.offsets.append(self.offsets[-1] + sim.data.num_clients)
+            self.offsets.append(self.offsets[-1] + (sim.data.num_clients if sim is not None else 0))
         union = FederatedData(info=base.data.info, train_x=base.data.train_x, train_y=base.data.train_y,
                               test_x=base.data.test_x, test_y=base.data.test_y,
-                              client_train=[ix for sim in sims for ix in sim.data.client_train],
-                              client_test=[ix for sim in sims for ix in sim.data.client_test], augment=base.data.augment)
+                              client_train=[ix for sim in built for ix in sim.data.client_train],
+                              client_test=[ix for sim in built for ix in sim.data.client_test], augment=base.data.augment)
         self._states: dict[int, dict[str, torch.Tensor]] = {}
         super().__init__(base.model, base.method, union, _RowBank(self), base.spec, base.config.seed,  # type: ignore[arg-type]
-                         max_clients=base.config.max_parallel_clients * len(sims))
+                         max_clients=base.config.max_parallel_clients * len(built))
 
     def locate(self, v: int) -> tuple[int, int]:
         """(run, client) of union row ``v``."""
@@ -176,9 +178,9 @@ class RoundBarrier:
     round's training, the last to arrive trains them all (grouped by round and learning rate) and
     wakes the others with their own updates."""
 
-    def __init__(self, executor: StackedRunsExecutor, runs: int) -> None:
+    def __init__(self, executor: StackedRunsExecutor, runs: Sequence[int]) -> None:
         self.executor = executor
-        self.active = set(range(runs))
+        self.active = set(runs)
         self.pending: dict[int, _Request] = {}
         self.cond = threading.Condition()
         self.joint_rounds = 0
@@ -234,23 +236,52 @@ class RoundBarrier:
 _BUILD_LOCK = threading.Lock()
 
 
+class _Gate:
+    """Where the runs wait, once built, for the driver to make the stacked executor from them; a
+    run that fails before it is built still arrives, so the others are not held up."""
+
+    def __init__(self, runs: int) -> None:
+        self.runs, self.arrived, self.open = runs, 0, False
+        self.cond = threading.Condition()
+
+    def arrive(self) -> None:
+        with self.cond:
+            self.arrived += 1
+            self.cond.notify_all()
+
+    def wait_all(self) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.arrived >= self.runs)
+
+    def release(self) -> None:
+        with self.cond:
+            self.open = True
+            self.cond.notify_all()
+
+    def wait_open(self) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.open)
+
+
 def _stacking_factory(barrier_box: list[RoundBarrier | None], index: int, made: list[Simulation | None],
-                      ready: threading.Barrier) -> Callable[..., Simulation]:
-    """The ``simulation=`` factory of run ``index``: a Simulation whose clients train at the barrier."""
+                      gate: _Gate) -> Callable[..., Simulation]:
+    """The ``simulation=`` factory of run ``index``: a Simulation whose clients train at the barrier
+    (or on its own executor when the runs could not be stacked after all)."""
 
     class StackedSimulation(Simulation):
         def __init__(self, config: ExperimentConfig, data: FederatedData | None = None) -> None:
             with _BUILD_LOCK:  # a model is initialised from the global RNG, seeded per run: one run at a time
                 super().__init__(config, data)
             made[index] = self
-            ready.wait()  # every run built: the driver makes the stacked executor from them
-            ready.wait()
+            gate.arrive()
+            gate.wait_open()  # every run built: the driver has made the stacked executor from them
 
         def train_clients(self, server_round: int, client_ids: list[int], lr: float) -> ClientUpdates:
             from ..nn.comm import CommTraffic
 
             barrier = barrier_box[0]
-            assert barrier is not None
+            if barrier is None:  # the runs' models or data did not stack: each trains alone
+                return super().train_clients(server_round, client_ids, lr)
             updates = barrier.train(index, server_round, client_ids, lr)
             # the samples its clients trained: the batch plans' sizes (the draw picks which, not how many)
             ex = self.executor
@@ -294,21 +325,24 @@ def run_stacked(configs: Sequence[ExperimentConfig], *, resume: Sequence[str | P
             except BaseException as exc:  # noqa: BLE001
                 results.append(exc)
         return results, {"joint_rounds": 0, "separate_rounds": 0, "blockers": blockers}
+    from ..nn.stacked import NotStackableError
+
     n = len(configs)
     made: list[Simulation | None] = [None] * n
     barrier_box: list[RoundBarrier | None] = [None]
-    ready = threading.Barrier(n + 1)
-    results = [None] * n
+    gate = _Gate(n)
+    results: list[Any] = [None] * n
     lock = threading.Lock()
+    unstacked: list[str] = []
 
     def body(i: int) -> None:
         try:
-            results[i] = one(i, simulation=_stacking_factory(barrier_box, i, made, ready),
+            results[i] = one(i, simulation=_stacking_factory(barrier_box, i, made, gate),
                              on_round=_Locked(as_callback(on_round), lock) if on_round else None)
         except BaseException as exc:  # noqa: BLE001 - reported per run
             results[i] = exc
-            if made[i] is None:  # failed before its simulation was built: release the driver
-                ready.abort()
+            if made[i] is None:  # failed before its simulation was built: the others go on without it
+                gate.arrive()
         finally:
             if barrier_box[0] is not None:
                 barrier_box[0].leave(i)
@@ -317,18 +351,21 @@ def run_stacked(configs: Sequence[ExperimentConfig], *, resume: Sequence[str | P
     with _StopFile():  # a SIGINT/SIGTERM here stops every run after its round, with a checkpoint
         for t in threads:
             t.start()
+        gate.wait_all()
+        built = [i for i in range(n) if made[i] is not None]
         try:
-            ready.wait()
-            barrier_box[0] = RoundBarrier(StackedRunsExecutor([m for m in made if m is not None]), n)
-            ready.wait()
-        except threading.BrokenBarrierError:
-            pass
+            if len(built) > 1:
+                barrier_box[0] = RoundBarrier(StackedRunsExecutor(made), built)
+        except (NotStackableError, ValueError) as exc:  # e.g. a model the stacked executor cannot hold
+            unstacked.append(f"the runs do not stack: {exc}")
+        finally:
+            gate.release()
         for t in threads:
             while t.is_alive():
                 t.join(timeout=0.2)  # wakes for signals
     barrier = barrier_box[0]
     return results, {"joint_rounds": barrier.joint_rounds if barrier else 0,
-                     "separate_rounds": barrier.separate_rounds if barrier else 0, "blockers": []}
+                     "separate_rounds": barrier.separate_rounds if barrier else 0, "blockers": unstacked}
 
 
 class _StopFile:
