@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
@@ -44,11 +43,10 @@ _STUBBORN = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\
 
 def test_a_step_past_its_cap_gets_sigterm_then_sigkill(tmp_path: Path) -> None:
     marker = tmp_path / "checkpoint"
-    rc, took = gpu_loan.run_step([sys.executable, "-c", _POLITE, str(marker)], cap=1.0, grace=20.0, log=tmp_path / "log")
-    assert rc == 0 and marker.read_text() == "checkpoint" and took < 15  # stopped at the cap, on SIGTERM
-    start = time.monotonic()
+    rc, _ = gpu_loan.run_step([sys.executable, "-c", _POLITE, str(marker)], cap=1.0, grace=20.0, log=tmp_path / "log")
+    assert rc == 0 and marker.read_text() == "checkpoint"  # stopped at the cap by SIGTERM (its handler wrote the marker)
     rc, _ = gpu_loan.run_step([sys.executable, "-c", _STUBBORN], cap=0.5, grace=1.0, log=tmp_path / "log")
-    assert rc == -9 and time.monotonic() - start < 15  # ignored SIGTERM: killed after the grace
+    assert rc == -9  # ignored SIGTERM: killed after the grace
     rc, _ = gpu_loan.run_step([sys.executable, "-c", "pass"], cap=30, grace=1.0, log=tmp_path / "log")
     assert rc == 0
 

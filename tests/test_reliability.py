@@ -69,16 +69,19 @@ def _wait_for_rounds(out, n, proc, timeout=120):
 
 
 def test_sigkill_at_a_random_point_then_resume_gives_identical_results(tmp_path):
+    rounds = 40  # long enough that the kill lands in training (8 rounds had finished before it)
     ref = tmp_path / "ref"
-    assert _cli(*_cli_args(ref)).wait(timeout=300) == 0
+    assert _cli(*_cli_args(ref, rounds=rounds)).wait(timeout=300) == 0
     killed = tmp_path / "killed"
-    proc = _cli(*_cli_args(killed))
+    proc = _cli(*_cli_args(killed, rounds=rounds))
     rng = np.random.default_rng(7)  # a seeded "random point": after k evaluations plus a random delay
     k = int(rng.integers(1, 6))
     _wait_for_rounds(killed, k, proc)
     time.sleep(float(rng.uniform(0, 0.2)))
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
+    # the kill interrupted training: no summary was written and the checkpoint is short of the end
+    assert not (killed / "summary.json").exists() and load_latest(killed)["server_round"] < rounds
     done = subprocess.run([sys.executable, "-m", "fednorm", "run", "--resume", str(killed), "--quiet"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -58,7 +58,10 @@ def _pair(**kw):
     base.update(kw)
     seq = Simulation(ExperimentConfig(**base, executor="sequential"))
     vec = Simulation(ExperimentConfig(**base, executor="vectorized"))
-    assert vec.executor.name == "vectorized"
+    # both sides of every comparison must run where they say (a mutant that built the vectorized
+    # executor for "sequential" passed every case before these checks)
+    assert vec.executor.name == "vectorized" and seq.executor.name == "sequential"
+    assert type(seq.executor).__name__ == "SequentialExecutor" and type(vec.executor).__name__ == "VectorizedExecutor"
     return seq, vec
 
 

@@ -63,7 +63,7 @@ def test_alpha_zero_is_exact_half_mix_eq9(cls: type, shape: tuple[int, ...]) -> 
     var = 0.5 * x.var(dims, unbiased=False) + 0.5 * layer.running_var
     view = [1, -1] + [1] * (x.dim() - 2)
     ref = (x - mu.view(view)) / torch.sqrt(var.view(view) + 1e-5) * layer.weight.view(view) + layer.bias.view(view)
-    torch.testing.assert_close(layer(x), ref)
+    torch.testing.assert_close(layer(x), ref, rtol=1e-12, atol=1e-12)
 
 
 def test_large_alpha_limits_global_and_batch() -> None:
@@ -72,11 +72,11 @@ def test_large_alpha_limits_global_and_batch() -> None:
     with torch.no_grad():
         layer.alpha.fill_(60.0)  # w = sigmoid(-60) ≈ 1e-26: global only
     ref_global = F.batch_norm(x, layer.running_mean, layer.running_var, layer.weight, layer.bias, False, 0.0, 1e-5)
-    torch.testing.assert_close(layer(x), ref_global)
+    torch.testing.assert_close(layer(x), ref_global, rtol=1e-12, atol=1e-12)
     with torch.no_grad():
         layer.alpha.fill_(-60.0)  # w ≈ 1: batch only = BN training output
     ref_batch = F.batch_norm(x, None, None, layer.weight, layer.bias, True, 0.0, 1e-5)
-    torch.testing.assert_close(layer(x), ref_batch)
+    torch.testing.assert_close(layer(x), ref_batch, rtol=1e-12, atol=1e-12)
 
 
 def test_eval_uses_global_stats_only_and_ignores_batch() -> None:
@@ -86,10 +86,10 @@ def test_eval_uses_global_stats_only_and_ignores_batch() -> None:
     x = _x(4, 3, 5, 5)
     out = layer(x)
     ref = F.batch_norm(x, layer.running_mean, layer.running_var, layer.weight, layer.bias, False, 0.0, 1e-5)
-    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     x2 = torch.cat([x[:1], _x(3, 3, 5, 5, seed=9) * 10])
-    torch.testing.assert_close(layer(x2)[:1], out[:1])
-    torch.testing.assert_close(layer(x[:1]), out[:1])  # batch size 1
+    torch.testing.assert_close(layer(x2)[:1], out[:1], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(layer(x[:1]), out[:1], rtol=1e-12, atol=1e-12)  # batch size 1
 
 
 def test_gradcheck_input_alpha_weight_bias() -> None:
@@ -216,16 +216,16 @@ def test_statistics_pass_is_exact_and_pools_to_union_eq7_eq8(channels_last: bool
             ref = ref[name]
             dims = [0] + list(range(2, ref.dim()))
             assert st[name].count.item() == ref.numel() // ref.shape[1]
-            torch.testing.assert_close(st[name].mean, ref.mean(dims))
-            torch.testing.assert_close(st[name].var, ref.var(dims, unbiased=False))
+            torch.testing.assert_close(st[name].mean, ref.mean(dims), rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(st[name].var, ref.var(dims, unbiased=False), rtol=1e-12, atol=1e-12)
         union = torch.cat([r[name] for r in refs])
         dims = [0] + list(range(2, union.dim()))
         count = torch.stack([s[name].count for s in stats])
         mean = torch.stack([s[name].mean for s in stats])
         var = torch.stack([s[name].var for s in stats])
         _, mu, var_g = pooled_stats(count, mean, var, unbiased=True)
-        torch.testing.assert_close(mu, union.mean(dims))
-        torch.testing.assert_close(var_g, union.var(dims, unbiased=True))
+        torch.testing.assert_close(mu, union.mean(dims), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(var_g, union.var(dims, unbiased=True), rtol=1e-12, atol=1e-12)
 
 
 def test_statistics_pass_eval_mode_and_empty_batches() -> None:
@@ -234,7 +234,7 @@ def test_statistics_pass_eval_mode_and_empty_batches() -> None:
     st = collect_hbn_statistics(model, [b], train_mode=False)
     with torch.no_grad():
         a = model.conv(b)
-    torch.testing.assert_close(st["n1"].mean, a.mean((0, 2, 3)))
+    torch.testing.assert_close(st["n1"].mean, a.mean((0, 2, 3)), rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="empty"):
         collect_hbn_statistics(model, [])
 
@@ -250,8 +250,8 @@ def test_convert_round_trip_keeps_weights_and_stats() -> None:
     hyb = convert_to_hybrid(model)
     assert type(hyb[1]) is HybridBatchNorm2d and type(hyb[4]) is HybridBatchNorm1d
     assert hyb[1].weight.dtype == D and not hyb[1].training
-    torch.testing.assert_close(hyb[1].global_mean, ref_state["1.running_mean"])
-    torch.testing.assert_close(hyb(x), ref_out)  # eval path is BN's eval path
+    torch.testing.assert_close(hyb[1].global_mean, ref_state["1.running_mean"], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(hyb(x), ref_out, rtol=1e-12, atol=1e-12)  # eval path is BN's eval path
     back = convert_to_batchnorm(hyb)
     assert type(back[1]) is nn.BatchNorm2d and type(back[4]) is nn.BatchNorm1d
     assert back.state_dict().keys() == ref_state.keys()
