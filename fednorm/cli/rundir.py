@@ -55,27 +55,35 @@ def check_writable(path: str | Path, option: str = "--out") -> None:
         raise ConfigError(f"{option} {p} lies under the file {existing}, so no directory can be made there")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{option} {p}: no permission to write in {existing}")
-    made: list[Path] = []
-    try:  # root passes os.access everywhere: try for real, then leave no trace
-        missing = []
-        q = p
-        while not q.exists():
-            missing.append(q)
-            q = q.parent
-        for d in reversed(missing):
-            d.mkdir()
-            made.append(d)
-        probe = p / f".fednorm-write-test-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"{option} {p} cannot be written: {exc.strerror or exc}") from None
-    finally:
-        for d in reversed(made):
-            try:
-                d.rmdir()
-            except OSError:
-                pass
+    for _ in range(3):  # root passes os.access everywhere: try for real, then leave no trace
+        made: list[Path] = []
+        try:
+            missing = []
+            q = p
+            while not q.exists():
+                missing.append(q)
+                q = q.parent
+            for d in reversed(missing):
+                try:
+                    d.mkdir()
+                    made.append(d)
+                except FileExistsError:  # another process (a second run started at once) made it meanwhile
+                    pass
+            probe = p / f".fednorm-write-test-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+            return
+        except FileNotFoundError:  # a folder another process had made and removed again: try once more
+            continue
+        except OSError as exc:
+            raise ConfigError(f"{option} {p} cannot be written: {exc.strerror or exc}") from None
+        finally:
+            for d in reversed(made):
+                try:
+                    d.rmdir()
+                except OSError:  # not empty: another process uses it now
+                    pass
+    raise ConfigError(f"{option} {p} cannot be written: another process keeps creating and removing it")
 
 
 def check_run_dir(path: str | Path, *, overwrite: bool, command: str = "fednorm run") -> None:
