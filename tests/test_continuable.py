@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import resource
-import signal
 import subprocess
 import sys
 
@@ -25,6 +23,8 @@ from fednorm.data.federated import FederatedData
 from fednorm.engine.checkpoint import load_latest
 from fednorm.engine.outputs import read_metrics
 from fednorm.errors import ConfigError
+
+from _signals import sigint_at
 
 LOUD = ["--num-clients", "3", "--model", "mlp", "--batch-size", "64", "--seed", "1", "--threads", "1"]
 TINY = [*LOUD, "--quiet"]
@@ -121,14 +121,7 @@ def test_compare_resume_gives_the_uninterrupted_table(tmp_path, monkeypatch, cap
     argv = ["compare", "--rounds", "3", *LOUD, "--methods", "fedavg,fedbn,silobn", "--eval-every", "1"]
     assert main([*argv, "--quiet", "--out", str(tmp_path / "whole")]) == 0
     out = tmp_path / "c"
-    original = progress_mod.ProgressLines.__call__
-
-    def call(self, record, sim):  # Ctrl-C in the second variant's second round
-        original(self, record, sim)
-        if self._index == 2 and record.server_round == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-
-    monkeypatch.setattr(progress_mod.ProgressLines, "__call__", call)
+    original = sigint_at(monkeypatch, variant=2, server_round=2)  # Ctrl-C in the second variant's second round
     monkeypatch.setattr("fednorm.cli.progress.wants_lines", lambda *a: True)
     assert main([*argv, "--out", str(out)]) == 130  # not quiet: the progress lines carry the interruption
     assert "fednorm compare --resume" in capsys.readouterr().err

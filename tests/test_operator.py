@@ -23,6 +23,8 @@ from fednorm.cli.threads import choose_threads
 from fednorm.engine.checkpoint import load_latest
 from fednorm.engine.outputs import read_metrics
 
+from _signals import sigint_at
+
 TINY = ["--num-clients", "3", "--model", "mlp", "--batch-size", "64", "--seed", "1"]
 
 
@@ -224,14 +226,7 @@ def test_a_signal_while_the_data_loads_stops_before_the_first_round_with_a_check
 
 def test_an_interrupted_compare_writes_the_finished_variants_and_exits_130(tmp_path, monkeypatch, capsys):
     out = tmp_path / "c"
-    original = progress_mod.ProgressLines.__call__
-
-    def call(self, record, sim):  # Ctrl-C in the second variant's second round
-        original(self, record, sim)
-        if self._index == 2 and record.server_round == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-
-    monkeypatch.setattr(progress_mod.ProgressLines, "__call__", call)
+    sigint_at(monkeypatch, variant=2, server_round=2)  # Ctrl-C in the second variant's second round
     code = main(["compare", "--rounds", "3", *TINY, "--methods", "fedavg,fedbn,silobn", "--out", str(out)])
     assert code == 130
     table = (out / "results.md").read_text()
