@@ -37,7 +37,15 @@ def _assert_same(stacked, alone):
     {"method": "fedavg", "norm": "gn", "norm_args": {"num_groups": 2}},
     {"method": "fedbn", "norm": "bn"},          # local BN tensors: each run's own bank
     {"method": "fedavg", "norm": "ln", "local_epochs": 2, "batch_size": 50},  # unequal steps per client
-])
+    # methods whose stacked hooks read each row's run (seed, global state) from the context
+    {"method": "hbn", "norm": "hbn", "method_args": {"preset": "paper"}},
+    {"method": "hbn", "norm": "hbn", "method_args": {"preset": "default"}},
+    # the code's preset: own alpha in each run's bank, per-run seeded augmentation of the statistics pass
+    {"method": "hbn", "norm": "hbn", "method_args": {"preset": "reference-code"}, "augment": True},
+    {"method": "hbn", "norm": "hbn", "method_args": {"preset": "paper", "stats_samples": "random", "stats_max_samples": 8}},
+    {"method": "fbn", "norm": "fbn"},           # local copies of the statistics against each run's global ones
+    {"method": "fixbn", "norm": "bn", "method_args": {"switch_round": 1}},
+], ids=lambda v: "-".join([v["method"], v["norm"], *(str(x) for x in v.get("method_args", {}).values())]))
 def test_stacked_seeds_equal_the_runs_made_alone(variant, tmp_path):
     configs = [ExperimentConfig(**{**BASE, **variant}, seed=s, out=str(tmp_path / f"s{s}")) for s in (0, 1, 2)]
     assert stack_blockers(configs) == []

@@ -45,6 +45,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "a later, larger value extends the finished runs)")
     p.add_argument("--out", type=Path, help="output folder (default: reproduce/<paper>/<scale>)")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel, one process each (default: 1)")
+    p.add_argument("--stack", choices=("auto", "off"), default="auto",
+                   help="auto (default): a cell's seeds train together as one computation where the method allows "
+                        "(equal to one by one to float rounding; much faster on a GPU); off: one run at a time. "
+                        "With --jobs > 1 each process runs one run")
     p.add_argument("--threads", type=int, help="torch threads per run (default: 1 with --jobs > 1, else torch's choice)")
     p.add_argument("--device", help="torch device of every run, e.g. cuda (default: the config's, cpu)")
     p.add_argument("--data-dir", help="folder holding the datasets (default: $FEDNORM_DATA, else ../shared/data beside the "
@@ -201,9 +205,17 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         print(f"[{done[0]}/{total}] {spec.describe()}: {verb}, {outcome.status} after {outcome.rounds} rounds, {acc} "
               f"({outcome.wall_seconds:.1f} s)  {spec.dir}", flush=True)
 
+    def on_group(specs: list, blockers: list[str]) -> None:
+        first = specs[0]
+        seeds = ", ".join(str(s.seed) for s in specs)
+        if blockers:
+            print(f"{first.table} {first.label}: seeds {seeds} run one by one ({'; '.join(blockers)})", flush=True)
+        else:
+            print(f"{first.table} {first.label}: seeds {seeds} stacked into one computation", flush=True)
+
     try:
-        runner.run_all(ready, jobs=args.jobs, command=cmd, git=git, on_done=on_done,
-                       progress=False if (args.quiet or args.jobs > 1) else None)
+        runner.run_all(ready, jobs=args.jobs, command=cmd, git=git, on_done=on_done, on_group=on_group,
+                       stack=args.stack == "auto" and args.jobs <= 1, progress=False if (args.quiet or args.jobs > 1) else None)
     except runner.SuiteInterrupted as exc:
         print("fednorm reproduce: interrupted; every started run has a checkpoint. Run the same command again to resume.",
               file=sys.stderr)

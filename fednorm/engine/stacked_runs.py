@@ -12,7 +12,9 @@ in a thread of its own; the threads meet at each round's training, :class:`Round
 Each stacked run equals the same run alone to float rounding (tested in float64): the rows draw
 the batches and augmentation of their own run's seeded streams. What stacks (:func:`stack_blockers`):
 runs of one method, model, norm and local schedule on one dataset, whose method has no client-side
-hooks (FedAvg with any norm, FedBN, SiloBN, FixBN, FedFN, ...), at the same learning rate in a round;
+hooks (FedAvg with any norm, FedBN, SiloBN, FedFN, ...) or hooks that read each row's run from the
+context (HBN, FBN, FixBN: :attr:`~fednorm.methods.base.Method.stacks_across_runs`), at the same
+learning rate in a round;
 anything else runs each run's round on its own executor, with the reason said once. A round whose
 joint training diverges is rerun run by run, so only the run that diverged stops.
 """
@@ -65,7 +67,7 @@ def stack_blockers(configs: Sequence[ExperimentConfig]) -> list[str]:
     hooks = [h for h in ("stacked_client_begin", "stacked_client_end", "stacked_client_loss", "stacked_client_gradient",
                          "client_begin", "client_end", "client_loss", "client_gradient")
              if getattr(type(method), h) is not getattr(Method, h)]
-    if hooks:
+    if hooks and not type(method).stacks_across_runs:
         reasons.append(f"method '{first.method}'" + (f" with client_opt '{first.client_opt}'" if first.client_opt != "none" else "")
                        + f" has client-side hooks ({', '.join(hooks[:2])}) that act on one run's state")
     if method.requires_lockstep:
@@ -125,6 +127,15 @@ class StackedRunsExecutor(VectorizedExecutor):
     def client_local(self, client_id: int, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         r, c = self.locate(client_id)
         return self.sims[r].executor.client_local(c, self._states[r])
+
+    def _context(self, server_round, client_ids, net, indices, global_state, locals_, lr):
+        """The hooks see each row as its own run's client: its run-local id, seed and global state."""
+        ctx = super()._context(server_round, client_ids, net, indices, global_state, locals_, lr)
+        rows = [self.locate(v) for v in client_ids]
+        ctx.client_ids = [c for _, c in rows]
+        ctx.seeds = [self.sims[r].config.seed for r, _ in rows]
+        ctx.global_states = [self._states[r] for r, _ in rows]
+        return ctx
 
     def _generators(self, server_round: int, client_ids: list[int]) -> list[torch.Generator]:
         rows = [self.locate(v) for v in client_ids]

@@ -178,16 +178,23 @@ class VectorizedExecutor(Executor):
             chunk = client_ids[start : start + self.max_clients]
             net, locals_ = self._load_chunk(chunk, state)
             indices = [data.client_train[c] for c in chunk]
-            ctx = StackedClientContext(
-                server_round=server_round, client_ids=list(chunk), model=net,
-                x=ClientRows(data.train_x, indices), y=ClientRows(data.train_y, indices),  # gathered if a method reads them
-                global_state=state, local_states=locals_, lr=0.0,
-            )
+            ctx = self._context(server_round, chunk, net, indices, state, locals_, 0.0)
             result = self.method.stacked_client_query(query, ctx)
             if result is None:
                 return None
             answers.update(zip(chunk, result))
         return answers
+
+    def _context(self, server_round: int, client_ids: list[int], net: nn.Module, indices: list[torch.Tensor],
+                 global_state: dict[str, torch.Tensor], locals_: list[dict[str, torch.Tensor]], lr: float) -> StackedClientContext:
+        """The context a method's stacked hooks see for a chunk (its rows' samples gathered only
+        if a hook reads them)."""
+        data = self.data
+        return StackedClientContext(
+            server_round=server_round, client_ids=list(client_ids), model=net,
+            x=ClientRows(data.train_x, indices), y=ClientRows(data.train_y, indices),
+            global_state=global_state, local_states=locals_, lr=lr,
+        )
 
     def _generators(self, server_round: int, client_ids: list[int]) -> list[torch.Generator]:
         """Each client's batch and augmentation stream, the one the sequential executor draws."""
@@ -279,11 +286,7 @@ class VectorizedExecutor(Executor):
         num_steps_max = max((len(p) for p in plans), default=0)
         synced = method.synced_steps(server_round) if method.requires_lockstep else 0
         set_frozen_statistics(net, method.frozen_statistics(server_round))
-        ctx = StackedClientContext(
-            server_round=server_round, client_ids=list(client_ids), model=net,
-            x=ClientRows(data.train_x, indices), y=ClientRows(data.train_y, indices),  # gathered if a method reads them
-            global_state=global_state, local_states=locals_, lr=lr,
-        )
+        ctx = self._context(server_round, client_ids, net, indices, global_state, locals_, lr)
         method.stacked_client_begin(ctx)
         has_loss_term = type(method).stacked_client_loss is not Method.stacked_client_loss
         has_gradient_hook = type(method).stacked_client_gradient is not Method.stacked_client_gradient

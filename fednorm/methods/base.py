@@ -109,6 +109,9 @@ class StackedClientContext:
         lr: this round's learning rate.
         num_steps: each client's local steps, set by the executor once training is over
             (for :meth:`Method.stacked_client_end`).
+        seeds, global_states: each row's run seed and downloaded global state when the chunk
+            holds the clients of several runs (:mod:`fednorm.engine.stacked_runs`); empty for
+            one run. Hooks read them through :meth:`seed_of` and :meth:`global_state_of`.
     """
 
     server_round: int
@@ -121,10 +124,20 @@ class StackedClientContext:
     uploads: list[dict[str, torch.Tensor]] = field(default_factory=list)
     lr: float = 0.0
     num_steps: list[int] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    global_states: list[dict[str, torch.Tensor]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.uploads:
             self.uploads = [{} for _ in self.client_ids]
+
+    def seed_of(self, i: int, default: int) -> int:
+        """Row ``i``'s run seed (``default``, the method's own, when the chunk is one run's)."""
+        return self.seeds[i] if self.seeds else default
+
+    def global_state_of(self, i: int) -> dict[str, torch.Tensor]:
+        """The global state row ``i`` downloaded (its own run's when runs are stacked)."""
+        return self.global_states[i] if self.global_states else self.global_state
 
     def __len__(self) -> int:
         return len(self.client_ids)
@@ -245,6 +258,12 @@ class Method:
     channels_last: bool = False
     personalized: ClassVar[bool] = False
     requires_lockstep: ClassVar[bool] = False
+    #: Whether the stacked client hooks read every per-run value through the context (its rows'
+    #: seeds and global states, :class:`StackedClientContext`), so that one chunk may hold the
+    #: clients of several runs of this method with equal ``method_args``. Methods without
+    #: stacked hooks stack regardless; state a run's server keeps in the method (control
+    #: variates, momenta) cannot be read per row, so such methods leave this False.
+    stacks_across_runs: ClassVar[bool] = False
     # The normalization policy (fednorm.methods.policy): where BatchNorm buffers and affine
     # parameters go by default, and which settings of --buffers / --affine the method supports.
     default_policy: ClassVar[NormPolicy] = NormPolicy("global", "global")

@@ -128,6 +128,7 @@ class FBN(FedAvg):
     """
 
     name = "fbn"
+    stacks_across_runs = True  # its stacked hooks read each row's seed and global state from the context
     default_policy = NormPolicy("drop", "global")  # statistics come from the clients' per-step uploads (Eq. 9-10)
     allowed_buffers = ("drop",)
     allowed_affine = ("global",)
@@ -201,11 +202,11 @@ class FBN(FedAvg):
                 clients, counts, means, variances = (torch.cat(col) for col in zip(*rows))
             for i in range(len(ctx)):
                 if not rows:
-                    ctx.uploads[i].update(self.local_copies(name, [], ctx.global_state))
+                    ctx.uploads[i].update(self.local_copies(name, [], ctx.global_state_of(i)))
                     continue
                 sel = (clients == i).nonzero().squeeze(1)
                 ctx.uploads[i].update(self._copies(
-                    name, counts.index_select(0, sel), means.index_select(0, sel), variances.index_select(0, sel), ctx.global_state
+                    name, counts.index_select(0, sel), means.index_select(0, sel), variances.index_select(0, sel), ctx.global_state_of(i)
                 ))
 
     def local_copies(

@@ -38,6 +38,7 @@ class FixBN(FedAvg):
     """
 
     name = "fixbn"
+    stacks_across_runs = True  # its stacked hooks read only method_args, which stacked runs share
     default_policy = NormPolicy("global", "global")
     allowed_buffers = ("global",)  # averaged, then frozen after switch_round
     allowed_affine = ("global",)

@@ -106,6 +106,7 @@ class HBN(FedAvg):
     """
 
     name = "hbn"
+    stacks_across_runs = True  # its stacked hooks read each row's seed and global state from the context
     default_policy = NormPolicy("drop", "global")  # the global statistics come from the pooled statistics pass (Eq. 8, 11)
     allowed_buffers = ("drop",)
     allowed_affine = ("global",)
@@ -208,9 +209,10 @@ class HBN(FedAvg):
 
     # -- client -----------------------------------------------------------------------------
     def statistics_sample(
-        self, x: torch.Tensor, server_round: int, client_id: int, y: torch.Tensor | None = None
+        self, x: torch.Tensor, server_round: int, client_id: int, y: torch.Tensor | None = None, seed: int | None = None
     ) -> torch.Tensor:
-        """The samples of the statistics pass (``stats_samples``); ``y`` orders ``first_by_class``."""
+        """The samples of the statistics pass (``stats_samples``); ``y`` orders ``first_by_class``;
+        ``seed`` is the run's (default: the method's own; a stacked chunk passes each row's)."""
         m = self.stats_max_samples
         if self.stats_samples == "all" or m is None or len(x) <= m:
             return x
@@ -220,7 +222,7 @@ class HBN(FedAvg):
             if y is None:
                 raise ValueError("stats_samples='first_by_class' needs the labels y")
             return x.index_select(0, torch.sort(y, stable=True).indices[:m].to(x.device))
-        gen = torch_generator(getattr(self, "seed", 0), "hbn-statistics", server_round, client_id)
+        gen = torch_generator(getattr(self, "seed", 0) if seed is None else seed, "hbn-statistics", server_round, client_id)
         return x.index_select(0, torch.randperm(len(x), generator=gen)[:m].to(x.device))
 
     def statistics_input(self, ctx: ClientContext, phase: str) -> torch.Tensor:
@@ -229,14 +231,16 @@ class HBN(FedAvg):
         the code's statistics loader draws fresh crops and flips on every pass)."""
         return self._statistics_input(ctx.x, ctx.y, ctx.server_round, ctx.client_id, phase)
 
-    def _statistics_input(self, x: torch.Tensor, y: torch.Tensor, server_round: int, client_id: int, phase: str) -> torch.Tensor:
-        x = self.statistics_sample(x, server_round, client_id, y)
+    def _statistics_input(self, x: torch.Tensor, y: torch.Tensor, server_round: int, client_id: int, phase: str,
+                          seed: int | None = None) -> torch.Tensor:
+        seed = self.seed if seed is None else seed
+        x = self.statistics_sample(x, server_round, client_id, y, seed=seed)
         padding = self.train_augmentation
         if self.stats_augment and padding is not None and x.dim() == 4:
             from ..data.transforms import random_crop_flip  # the training loop's augmentation
 
             # drawn on the CPU and moved, as training's augmentation: the same crops on every device
-            gen = torch_generator(self.seed, "hbn-statistics-augment", phase, server_round, client_id)
+            gen = torch_generator(seed, "hbn-statistics-augment", phase, server_round, client_id)
             x = random_crop_flip(x, padding=padding, generator=gen)
         return x
 
@@ -323,8 +327,8 @@ class HBN(FedAvg):
                     for key, value in local.items():
                         if key.startswith(OWN_ALPHA):
                             tensors[key[len(OWN_ALPHA):]][i].copy_(value)
-        inputs = [self._statistics_input(x, y, ctx.server_round, cid, phase) if len(x) else x
-                  for x, y, cid in zip(ctx.x, ctx.y, ctx.client_ids)]
+        inputs = [self._statistics_input(x, y, ctx.server_round, cid, phase, seed=ctx.seed_of(i, self.seed)) if len(x) else x
+                  for i, (x, y, cid) in enumerate(zip(ctx.x, ctx.y, ctx.client_ids))]
         stats = collect_stacked_hbn_statistics(
             net, [self._statistics_batches(x) if len(x) else [] for x in inputs], train_mode=self.stats_mode == "train",
             channels_last=self.channels_last,

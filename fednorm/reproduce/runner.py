@@ -507,21 +507,37 @@ def run_all(
     git: Mapping[str, Any] | None = None,
     on_done: Callable[[RunSpec, Outcome], None] | None = None,
     progress: bool | None = None,
+    stack: bool = False,
+    on_group: Callable[[list[RunSpec], list[str]], None] | None = None,
 ) -> list[Outcome]:
     """Execute ``work`` (runs that are not done), in this process or over ``jobs`` processes.
 
-    An interrupted run (SIGINT/SIGTERM: the engine checkpoints after the current round) stops the
-    suite with :class:`SuiteInterrupted`; the same command resumes it.
+    ``stack``: the runs of a cell that differ only in seed train together as one computation
+    (:mod:`fednorm.reproduce.stacking`; equal to running them one by one to float rounding);
+    ``on_group(specs, blockers)`` hears of each group before it starts (``blockers`` empty when
+    it stacks). An interrupted run (SIGINT/SIGTERM: the engine checkpoints after the current
+    round) stops the suite with :class:`SuiteInterrupted`; the same command resumes it.
     """
     outcomes: list[Outcome] = []
     if jobs <= 1:
-        for spec, state in work:
-            outcome = execute(spec, state, command=command, git=git, progress=progress)
-            outcomes.append(outcome)
-            if on_done:
-                on_done(spec, outcome)
-            if outcome.status == "interrupted":
-                raise SuiteInterrupted(f"interrupted during {spec.dir}", outcome.stop_signal)
+        from .stacking import execute_stacked, group_blockers, stack_groups
+
+        groups = stack_groups(work) if stack else [[item] for item in work]
+        for group in groups:
+            blockers = group_blockers(group) if len(group) > 1 else []
+            if on_group and len(group) > 1:
+                on_group([spec for spec, _ in group], blockers)
+            stacked: list[Outcome | None] = [None] * len(group)
+            if len(group) > 1 and not blockers:
+                stacked = list(execute_stacked(group, command=command, git=git, progress=progress)[0])
+            for (spec, state), outcome in zip(group, stacked):
+                if outcome is None:  # one by one: each reported (and stoppable) as it finishes
+                    outcome = execute(spec, state, command=command, git=git, progress=progress)
+                outcomes.append(outcome)
+                if on_done:
+                    on_done(spec, outcome)
+                if outcome.status == "interrupted":
+                    raise SuiteInterrupted(f"interrupted during {spec.dir}", outcome.stop_signal)
         return outcomes
     return _run_pool(list(work), jobs, command, git, on_done, outcomes)
 
