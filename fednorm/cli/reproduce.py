@@ -108,7 +108,7 @@ def _fmt(v: Any) -> str:
 
 def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from ..reproduce import report as report_mod
-    from ..reproduce import runner
+    from ..reproduce import runner, schedule
     from ..reproduce.suite import PAPERS, load_paper
 
     root = args.configs
@@ -214,9 +214,9 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
             print(f"{first.table} {first.label}: seeds {seeds} stacked into one computation", flush=True)
 
     try:
-        runner.run_all(ready, jobs=args.jobs, command=cmd, git=git, on_done=on_done, on_group=on_group,
+        schedule.run_all(ready, jobs=args.jobs, command=cmd, git=git, on_done=on_done, on_group=on_group,
                        stack=args.stack == "auto" and args.jobs <= 1, progress=False if (args.quiet or args.jobs > 1) else None)
-    except runner.SuiteInterrupted as exc:
+    except schedule.SuiteInterrupted as exc:
         print("fednorm reproduce: interrupted; every started run has a checkpoint. Run the same command again to resume.",
               file=sys.stderr)
         write_report()

@@ -18,7 +18,8 @@ Example::
 """
 
 from .report import collect, write_report
-from .runner import RunSpec, plan, run_all, run_state
+from .runner import RunSpec, plan, run_state
+from .schedule import run_all
 from .suite import PAPERS, SCALES, Table, list_tables, load_paper, load_table, validate_table
 
 __all__ = ["PAPERS", "SCALES", "Table", "RunSpec", "list_tables", "load_paper", "load_table", "validate_table", "plan",
