@@ -68,6 +68,22 @@ def test_runs_with_other_partitions_stack_too(tmp_path):
         _assert_same(res, api.run(cfg.model_copy(update={"out": None}), write=False, progress=False))
 
 
+@pytest.mark.parametrize("variant", [
+    {"method": "fedavg", "norm": "bn"},
+    {"method": "fedavg", "norm": "ln", "local_epochs": 2, "batch_size": 50},  # unequal clients: the working set shrinks
+    {"method": "fbn", "norm": "fbn", "dsgd": True, "momentum": 0.5},          # DSGD's dampened momentum
+    {"method": "fedavg", "norm": "bn", "momentum": 0.0, "weight_decay": 1e-3},
+], ids=["bn", "ln-unequal", "fbn-dsgd", "bn-wd-nomomentum"])
+def test_a_learning_rate_sweep_stacks_and_each_run_equals_its_run_alone(variant, tmp_path):
+    configs = [ExperimentConfig(**{**BASE, **variant, "lr": lr, "lr_decay": decay}, seed=0, out=str(tmp_path / f"lr{i}"))
+               for i, (lr, decay) in enumerate(((0.05, 1.0), (0.02, 1.0), (0.1, 0.9)))]
+    stacked, info = run_stacked(configs)
+    assert info["joint_rounds"] == 3 and info["separate_rounds"] == 0  # one computation per round, not one per rate
+    for cfg, res in zip(configs, stacked):
+        assert not isinstance(res, BaseException), res
+        _assert_same(res, api.run(cfg.model_copy(update={"out": None}), write=False, progress=False))
+
+
 def test_what_cannot_stack_says_why_and_runs_one_by_one(tmp_path):
     a = ExperimentConfig(**BASE, seed=0, out=str(tmp_path / "a"))
     assert "the runs differ in model" in stack_blockers([a, a.model_copy(update={"model": "mlp"})])

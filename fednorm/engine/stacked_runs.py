@@ -13,9 +13,10 @@ Each stacked run equals the same run alone to float rounding (tested in float64)
 the batches and augmentation of their own run's seeded streams. What stacks (:func:`stack_blockers`):
 runs of one method, model, norm and local schedule on one dataset, whose method has no client-side
 hooks (FedAvg with any norm, FedBN, SiloBN, FedFN, ...) or hooks that read each row's run from the
-context (HBN, FBN, FixBN: :attr:`~fednorm.methods.base.Method.stacks_across_runs`), at the same
-learning rate in a round;
-anything else runs each run's round on its own executor, with the reason said once. A round whose
+context (HBN, FBN, FixBN: :attr:`~fednorm.methods.base.Method.stacks_across_runs`); each row
+steps at its own run's learning rate (seeds, partitions and learning rates stack: a sweep is one
+computation). Anything else runs each run's round on its own executor, with the reason said once.
+Runs that stand at different rounds (one resumed beside new ones) train in one group per round. A round whose
 joint training diverges is rerun run by run, so only the run that diverged stops.
 """
 
@@ -157,12 +158,13 @@ class StackedRunsExecutor(VectorizedExecutor):
                     tensor.copy_(torch.stack([self._states[r][key] for r in runs]))
         return net, locals_
 
-    def train(self, server_round: int, requests: dict[int, list[int]], lr: float) -> dict[int, ClientUpdates]:
-        """Train ``requests`` (run -> its clients) of one round together; each run's updates,
-        with its own client ids."""
+    def train(self, server_round: int, requests: dict[int, list[int]], lr: float | dict[int, float]) -> dict[int, ClientUpdates]:
+        """Train ``requests`` (run -> its clients) of one round together, at one learning rate or
+        each run's own (``lr``: run -> rate); each run's updates, with its own client ids."""
         self._states = {r: self.sims[r].global_state for r in requests}
         union = [self.offsets[r] + c for r, clients in requests.items() for c in clients]
-        updates = self.run_round(server_round, union, self.sims[next(iter(requests))].global_state, lr)
+        rates = lr if isinstance(lr, (int, float)) else [lr[r] for r, clients in requests.items() for _ in clients]
+        updates = self.run_round(server_round, union, self.sims[next(iter(requests))].global_state, rates)
         out: dict[int, ClientUpdates] = {}
         position = 0
         for r, clients in requests.items():
@@ -186,8 +188,8 @@ class _Request:
 
 class RoundBarrier:
     """Where the runs' threads meet each round: when every run still going has asked for its
-    round's training, the last to arrive trains them all (grouped by round and learning rate) and
-    wakes the others with their own updates."""
+    round's training, the last to arrive trains them all (grouped by round; each row at its own
+    run's learning rate) and wakes the others with their own updates."""
 
     def __init__(self, executor: StackedRunsExecutor, runs: Sequence[int]) -> None:
         self.executor = executor
@@ -220,12 +222,12 @@ class RoundBarrier:
         if not self.pending or set(self.pending) < self.active:
             return
         batch, self.pending = dict(self.pending), {}
-        groups: dict[tuple[int, float], list[_Request]] = {}
+        groups: dict[int, list[_Request]] = {}
         for req in batch.values():
-            groups.setdefault((req.server_round, req.lr), []).append(req)
-        for (server_round, lr), reqs in groups.items():
+            groups.setdefault(req.server_round, []).append(req)
+        for server_round, reqs in groups.items():
             try:
-                results = self.executor.train(server_round, {q.run: q.clients for q in reqs}, lr)
+                results = self.executor.train(server_round, {q.run: q.clients for q in reqs}, {q.run: q.lr for q in reqs})
                 for q in reqs:
                     q.result = results[q.run]
                 self.joint_rounds += 1
@@ -234,7 +236,7 @@ class RoundBarrier:
                 for q in reqs:
                     sim = self.executor.sims[q.run]
                     try:
-                        q.result = sim.executor.run_round(server_round, q.clients, sim.global_state, lr)
+                        q.result = sim.executor.run_round(server_round, q.clients, sim.global_state, q.lr)
                     except BaseException as exc:  # noqa: BLE001 - handed to that run's thread
                         q.error = exc
             except BaseException as exc:  # noqa: BLE001 - every run of the group sees it

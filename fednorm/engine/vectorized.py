@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -206,8 +206,10 @@ class VectorizedExecutor(Executor):
 
     # -- one round --------------------------------------------------------------------------
     def run_round(
-        self, server_round: int, client_ids: list[int], global_state: dict[str, torch.Tensor], lr: float
+        self, server_round: int, client_ids: list[int], global_state: dict[str, torch.Tensor], lr: float | Sequence[float]
     ) -> ClientUpdates:
+        """Train ``client_ids`` for one round; ``lr`` is the round's learning rate, or one per client
+        (stacked runs of different learning rates, :mod:`fednorm.engine.stacked_runs`)."""
         parts = []
         self.last_samples_seen = 0
         self.last_traffic = CommTraffic()
@@ -217,7 +219,9 @@ class VectorizedExecutor(Executor):
                 f"stacked model, but at most {self.max_clients} fit (max_parallel_clients / memory budget)"
             )
         for start in range(0, len(client_ids), self.max_clients):
-            parts.append(self._run_chunk(server_round, client_ids[start : start + self.max_clients], global_state, lr))
+            end = start + self.max_clients
+            chunk_lr = lr if isinstance(lr, (int, float)) else list(lr)[start:end]
+            parts.append(self._run_chunk(server_round, client_ids[start:end], global_state, chunk_lr))
         if len(parts) == 1:
             return parts[0]
         return ClientUpdates(
@@ -231,10 +235,15 @@ class VectorizedExecutor(Executor):
         )
 
     def _run_chunk(
-        self, server_round: int, client_ids: list[int], global_state: dict[str, torch.Tensor], lr: float
+        self, server_round: int, client_ids: list[int], global_state: dict[str, torch.Tensor], lr: float | list[float]
     ) -> ClientUpdates:
         method, data, spec = self.method, self.data, self.spec
         k = len(client_ids)
+        row_lr: torch.Tensor | None = None  # one learning rate per row, when the rows' runs differ in it
+        if not isinstance(lr, (int, float)):
+            if len(set(lr)) > 1:
+                row_lr = torch.tensor(lr, dtype=torch.float64, device=data.train_x.device)
+            lr = float(lr[0])
         net, locals_ = self._load_chunk(client_ids, global_state)
         net.train()
         # The chunk's tensors: rows = clients. ``cur`` is the working set (all clients at first,
@@ -380,7 +389,8 @@ class VectorizedExecutor(Executor):
                     step_loss(record=False).backward()
 
                 method.stacked_client_gradient(ctx, params, buffers, working, closure)
-            self._sgd_step(params, momentum, started, list(range(kw)), lr)
+            step_lr = lr if row_lr is None else (row_lr if kw == k else row_lr.index_select(0, working))
+            self._sgd_step(params, momentum, started, list(range(kw)), step_lr)
             started[:] = True
         set_client_comm(net, None)
         set_frozen_statistics(net, False)
@@ -528,8 +538,18 @@ class VectorizedExecutor(Executor):
         return out
 
     @torch.no_grad()
-    def _sgd_step(self, params, momentum, started, stepped: list[int], lr: float) -> None:
-        """``torch.optim.SGD`` (or DSGD's dampened momentum) for the clients in ``stepped`` only."""
+    def _sgd_step(self, params, momentum, started, stepped: list[int], lr: float | torch.Tensor) -> None:
+        """``torch.optim.SGD`` (or DSGD's dampened momentum) for the clients in ``stepped`` only;
+        ``lr`` a float, or a ``[K]`` tensor of each row's learning rate."""
+        if isinstance(lr, torch.Tensor):
+            per_row = lr
+
+            def descend(p: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+                return p - step * per_row.view(-1, *([1] * (p.dim() - 1))).to(p.dtype)
+        else:
+
+            def descend(p: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+                return torch.add(p, step, alpha=-lr)
         spec = self.spec
         k = len(started)
         if spec.agc_clip:  # per client and unit (the client axis kept apart)
@@ -554,7 +574,10 @@ class VectorizedExecutor(Executor):
                 ms = [momentum[n] for n in params]
                 torch._foreach_mul_(ms, beta)
                 torch._foreach_add_(ms, [p.grad for p in params.values()])
-                torch._foreach_add_(list(params.values()), ms, alpha=-lr)
+                if isinstance(lr, torch.Tensor):
+                    torch._foreach_sub_(list(params.values()), [m * lr.view(-1, *([1] * (m.dim() - 1))).to(m.dtype) for m in ms])
+                else:
+                    torch._foreach_add_(list(params.values()), ms, alpha=-lr)
                 return
             for name, p in params.items():
                 g = p.grad if p.grad is not None else torch.zeros_like(p)
@@ -571,7 +594,10 @@ class VectorizedExecutor(Executor):
                         momentum[name] = g = g.clone()
                     else:
                         g = prev.mul_(beta).add_(g)
-                p.add_(g, alpha=-lr)
+                if isinstance(lr, torch.Tensor):
+                    p.copy_(descend(p, g))
+                else:
+                    p.add_(g, alpha=-lr)
             return
         rows = torch.tensor(stepped, device=started.device)
         active = torch.zeros(k, dtype=torch.bool, device=started.device)
@@ -600,4 +626,4 @@ class VectorizedExecutor(Executor):
                 step = momentum[name]
             else:
                 step = g
-            p.copy_(torch.where(mask, torch.add(p, step, alpha=-lr), p))
+            p.copy_(torch.where(mask, descend(p, step), p))
