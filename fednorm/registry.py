@@ -66,6 +66,13 @@ class Registry(Generic[T]):
             raise ValueError(f"An entry is already registered under the name '{key}' in the {self.kind} registry")
         self._entries[key] = obj
 
+    def remove(self, name: str) -> None:
+        """Unregister ``name`` (a plugin's or a test's entry); KeyError when it is not registered."""
+        key = normalize_name(name)
+        if key not in self._entries:
+            raise KeyError(f"nothing is registered under the name '{key}' in the {self.kind} registry")
+        del self._entries[key]
+
     def list(self, include: str | Iterable[str] | None = None, exclude: str | Iterable[str] | None = None) -> list[str]:
         """Sorted names, optionally filtered by fnmatch patterns."""
         names = sorted(self._entries)

@@ -146,14 +146,18 @@ def test_hooks_without_a_stacked_form_still_fall_back_with_a_reason():
     assert "client_begin without a stacked form" in sim.summary()["executor_note"]
     # a client optimizer without a stacked form keeps FBN sequential, and says why
     from fednorm.optim import FedProx, register_client_optimizer
+    from fednorm.optim.client import CLIENT_OPTIMIZERS
 
     @register_client_optimizer("_test_unstacked_prox", force=True)
     class UnstackedProx(FedProx):
         name = "_test_unstacked_prox"
         stacked = False
 
-    sim = Simulation(ExperimentConfig(dataset="digits", num_clients=3, rounds=1, method="fbn", norm="fbn",
-                                      client_opt="_test_unstacked_prox", checkpoint_every=0, out=None))
+    try:
+        sim = Simulation(ExperimentConfig(dataset="digits", num_clients=3, rounds=1, method="fbn", norm="fbn",
+                                          client_opt="_test_unstacked_prox", checkpoint_every=0, out=None))
+    finally:  # other tests list the registry
+        CLIENT_OPTIMIZERS.remove("_test_unstacked_prox")
     assert sim.executor.name == "sequential"
     assert "client optimizer '_test_unstacked_prox'" in sim.summary()["executor_note"]
     assert vectorization_blockers(sim.method)

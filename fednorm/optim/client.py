@@ -72,6 +72,11 @@ class ClientOptimizer:
     uses_end: ClassVar[bool] = False
     uses_gradient: ClassVar[bool] = False
     stacked: ClassVar[bool] = False
+    #: Whether the stacked hooks keep nothing of one run's server state (each row's anchor, labels,
+    #: features and gradients come from the chunk), so several runs' clients may share a chunk
+    #: (:mod:`fednorm.engine.stacked_runs`). SCAFFOLD's control variate, FedACG's momentum and
+    #: MOON's models are one run's: False.
+    stacks_across_runs: ClassVar[bool] = False
     # ``begin`` runs before the wrapped method's ``client_begin`` (FedACG moves the model to its
     # look-ahead start, which HBN's statistics pass must see), instead of after it.
     begin_first: ClassVar[bool] = False
@@ -156,6 +161,7 @@ class FedProx(ClientOptimizer):
     uses_begin = True
     uses_loss = True
     stacked = True
+    stacks_across_runs = True  # the anchor is each row's own start
 
     def __init__(self, mu: float = 0.01) -> None:
         self.mu = check_number("fedprox mu", mu, 0.0)

@@ -273,7 +273,14 @@ def compose(
         if (used and client_opt.stacked) or (not used and _overrides(method, hook)):
             hooks[hook] = impl
     # The executors decide by the class's hooks (vectorization_blockers, has_client_loss), so
-    # the composition is a class with exactly the hooks it needs.
+    # the composition is a class with exactly the hooks it needs; it stacks across runs when
+    # both parts do (a method without client hooks always does).
+    inner_hooks = any(_overrides(method, h) for h in ("client_begin", "client_end", "client_loss", "client_gradient",
+                                                      "stacked_client_begin", "stacked_client_end",
+                                                      "stacked_client_loss", "stacked_client_gradient"))
+    hooks["stacks_across_runs"] = ((not client_opt.uses_begin and not client_opt.uses_loss and not client_opt.uses_end
+                                    and not client_opt.uses_gradient) or client_opt.stacks_across_runs) and (
+        not inner_hooks or type(method).stacks_across_runs)
     cls = type(f"Optimized{type(method).__name__}", (OptimizedMethod,), hooks)
     return cls(method, client_opt, server_opt, num_clients, local_momentum)
 

@@ -90,6 +90,7 @@ class _LogitCalibration(ClientOptimizer):
     uses_begin = True
     uses_end = True
     stacked = True
+    stacks_across_runs = True  # each row's calibration from its own labels
 
     def __init__(self) -> None:
         self._hook: Any = None
@@ -229,6 +230,7 @@ class FedDecorr(ClientOptimizer):
     uses_loss = True
     uses_end = True
     stacked = True
+    stacks_across_runs = True  # each row's own features
     PAPER_BETA = 0.5
 
     def __init__(self, beta: float = 0.1, eps: float = 1e-8) -> None:

@@ -76,6 +76,7 @@ class FedSAM(ClientOptimizer):
     name = "fedsam"
     uses_gradient = True
     stacked = True
+    stacks_across_runs = True  # each row's perturbation from its own gradient
 
     def __init__(self, rho: float = 0.05, eps: float = 1e-12) -> None:
         self.rho = check_number("fedsam rho", rho, 0.0)
