@@ -804,7 +804,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for what, names in listing.items():
         if args.what in (None, what):
             if what == "methods" and args.verbose:
-                from ..methods.policy import describe_methods
+                from ..methods.registry import describe_methods
 
                 print("methods (buffers/affine: global = sent and combined, local = kept per client, drop = not sent, "
                       "recomputed by the method):")

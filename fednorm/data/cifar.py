@@ -14,7 +14,7 @@ import numpy as np
 
 from fednorm.errors import DatasetError
 
-from .datasets import DatasetInfo, ImageDataset, _Found, register_dataset
+from .base import DatasetInfo, ImageDataset, _Found, register_dataset
 from .download import check_integrity, extract_archive
 
 __all__ = ["CIFAR10", "CIFAR100"]

@@ -29,7 +29,6 @@ from fednorm.data.datasets import (
     FashionMNIST,
     ImageDataset,
     MNIST,
-    _stratified_split,
     dataset_to_tensors,
     default_root,
     get_dataset_info,
@@ -37,6 +36,7 @@ from fednorm.data.datasets import (
     load_dataset,
     read_idx,
 )
+from fednorm.data.base import _stratified_split
 from fednorm.errors import DatasetError, UnknownNameError
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DatasetError
+from .base import _stratified_split
 
 __all__ = ["DOMAIN_NAMES", "GENERATOR_VERSION", "generate_digits_domains", "render_digits", "to_rgb28", "find_fonts"]
 
@@ -175,8 +176,6 @@ def _take(rng: np.random.Generator, pool: np.ndarray, n: int, used: np.ndarray |
 
 
 def _stratified_8020(targets: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    from .datasets import _stratified_split
-
     return _stratified_split(targets, 0.2, seed)
 
 

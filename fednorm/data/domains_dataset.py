@@ -37,8 +37,8 @@ import numpy as np
 
 from ..errors import ConfigError, DatasetError
 from .cache import cached_arrays, fingerprint
-from .datasets import DATASETS, DatasetInfo, _Found, _npz_split_files, load_dataset, register_dataset
-from .domains import MultiDomainDataset
+from .base import DATASETS, DatasetInfo, MultiDomainDataset, _Found, _npz_split_files, register_dataset
+from .datasets import load_dataset
 from .readers import DomainArrays, fit_images, natural_key, npz_part_files, read_image_folder_domain, read_npz_domain
 
 __all__ = ["DomainsDataset", "resolve_domain_spec"]

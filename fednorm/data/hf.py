@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import ConfigError, DatasetError
 from .cache import cached_arrays, fingerprint
-from .datasets import DATASETS, DatasetInfo, ImageDataset, _Found
+from .base import DATASETS, DatasetInfo, ImageDataset, _Found
 from .readers import fit_images, stratified_split
 
 __all__ = ["HFImageDataset", "hf_dataset", "HF_EXTRA"]

@@ -15,7 +15,7 @@ import numpy as np
 
 from fednorm.errors import DatasetError
 
-from .datasets import (
+from .base import (
     DatasetInfo,
     ImageDataset,
     _Found,

@@ -13,23 +13,37 @@ passes each function only the parameters it accepts, so one config can hold ever
 :func:`label_histogram` and :func:`describe` report a split; :func:`split_like` cuts a test set
 with each client's training label mix, for per-client evaluation (LN/FN paper, FedBN).
 
-Layout: registry, dispatch, validation and reports here; the partitioners in
-:mod:`~fednorm.data.partition_label` and :mod:`~fednorm.data.partition_domain` (re-exported), and
-Flower's by name (``flwr:<Partitioner>``, :mod:`~fednorm.data.flwr_partition`).
+Layout: dispatch and reports here; the registry and the argument checks every partitioner shares
+in :mod:`~fednorm.data.partition_base`; the partitioners in :mod:`~fednorm.data.partition_label`
+and :mod:`~fednorm.data.partition_domain`, which import only the base (this module imports them,
+so they are registered and ``from fednorm.data.partition import dirichlet`` works), and Flower's by
+name (``flwr:<Partitioner>``, :mod:`~fednorm.data.flwr_partition`).
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
-import numbers
 import warnings
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import PartitionError
-from ..registry import Registry, normalize_name
+from ..registry import normalize_name
+from .partition_base import (
+    PARTITIONS,
+    Partitioner,
+    _apportion,
+    _check_labels,
+    _check_seed,
+    _class_indices,
+    _finish,
+    _is_int,
+    register_partition,
+)
+from .partition_domain import client_domains, domains, split_by_domain
+from .partition_label import classes, dirichlet, gamma, iid, quantity
 
 __all__ = [
     "PARTITIONS",
@@ -50,11 +64,6 @@ __all__ = [
     "split_like",
     "describe",
 ]
-
-Partitioner = Callable[..., "list[np.ndarray]"]
-
-PARTITIONS: Registry[Partitioner] = Registry("partition")
-register_partition = PARTITIONS.register
 
 # Arguments every partitioner takes positionally or by the fixed protocol; never forwarded from params.
 _PROTOCOL_ARGS = ("labels", "num_clients", "seed")
@@ -184,145 +193,6 @@ def partition(name: str, labels: Any, num_clients: int, *, seed: int, **params: 
             f"which were not given (or were None)"
         )
     return fn(labels, num_clients, seed=seed, **kwargs)
-
-
-# --------------------------------------------------------------------------------------------
-# Validation helpers
-# --------------------------------------------------------------------------------------------
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
-
-
-def _check_labels(labels: Any, arg: str = "labels") -> np.ndarray:
-    """Validate and return ``labels`` as a 1-D int64 array."""
-    try:
-        arr = np.asarray(labels)
-    except Exception as exc:  # e.g. a ragged list or a CUDA tensor
-        raise PartitionError(f"{arg} must be a 1-D array of non-negative integers; could not convert it ({exc})") from None
-    if arr.ndim != 1:
-        raise PartitionError(f"{arg} must be 1-D (one label per sample), got shape {tuple(arr.shape)}")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise PartitionError(
-            f"{arg} must hold integers, got dtype {arr.dtype}; convert class labels with .astype(np.int64)"
-        )
-    arr = arr.astype(np.int64, copy=False)
-    if arr.size and arr.min() < 0:
-        raise PartitionError(f"{arg} must be non-negative class ids, got minimum {int(arr.min())}")
-    return arr
-
-
-def _check_num_clients(num_clients: Any, num_samples: int) -> int:
-    if not _is_int(num_clients):
-        raise PartitionError(f"num_clients must be an integer, got {num_clients!r} ({type(num_clients).__name__})")
-    if num_clients <= 0:
-        raise PartitionError(f"num_clients must be > 0, got {num_clients}")
-    if num_clients > num_samples:
-        raise PartitionError(
-            f"num_clients must be <= the number of samples ({num_samples}), got {num_clients}; "
-            "every client needs at least one sample to be possible"
-        )
-    return int(num_clients)
-
-
-def _check_seed(seed: Any) -> int:
-    if not _is_int(seed) or seed < 0:
-        raise PartitionError(f"seed must be a non-negative integer, got {seed!r}")
-    return int(seed)
-
-
-# Below this, log(U)/alpha overflows float64 and the Dirichlet draw is meaningless; any alpha
-# this small already gives every class (or all data) to one client.
-_MIN_ALPHA = 1e-100
-
-
-def _check_alpha(alpha: Any, arg: str = "alpha") -> float:
-    if not _is_real(alpha) or not np.isfinite(alpha) or alpha <= 0:
-        raise PartitionError(f"{arg} must be a finite real number > 0 (Dirichlet concentration), got {alpha!r}")
-    if alpha < _MIN_ALPHA:
-        raise PartitionError(f"{arg}={alpha!r} is too small to sample; use {arg} >= {_MIN_ALPHA:g} (already maximal skew)")
-    return float(alpha)
-
-
-def _check_nonneg_int(value: Any, arg: str) -> int:
-    if not _is_int(value) or value < 0:
-        raise PartitionError(f"{arg} must be a non-negative integer, got {value!r}")
-    return int(value)
-
-
-def _check_min_size(min_size: Any, num_clients: int, num_samples: int) -> int:
-    min_size = _check_nonneg_int(min_size, "min_size")
-    if min_size * num_clients > num_samples:
-        raise PartitionError(
-            f"min_size={min_size} is impossible with num_clients={num_clients}: it needs "
-            f"{min_size * num_clients} samples but labels has {num_samples}; lower min_size or num_clients"
-        )
-    return min_size
-
-
-def _finish(parts: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Sorted int64 copies of the client index arrays."""
-    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
-
-
-def _class_indices(labels: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Present classes (sorted) and, for each, its sample indices in dataset order."""
-    order = np.argsort(labels, kind="stable")
-    present, starts = np.unique(labels[order], return_index=True)
-    return present, np.split(order, starts[1:])
-
-
-def _sample_dirichlet(rng: np.random.Generator, alpha: float, size: tuple[int, int]) -> np.ndarray:
-    """Rows ~ Dir(alpha·1), computed in log space so that tiny ``alpha`` never underflows.
-
-    A Gamma(alpha) variate is Gamma(alpha + 1)·U^(1/alpha) with U ~ U(0, 1] independent
-    (Marsaglia & Tsang 2000, §3), so log G = log Gamma(alpha + 1) + log(U)/alpha is finite for any
-    alpha > 0. Normalising with a max-shifted softmax gives an exact Dirichlet draw without the
-    all-zero rows (and NaN proportions) that ``rng.dirichlet`` / ``rng.gamma`` produce at
-    alpha ≈ 1e-4 in float64.
-    """
-    log_g = np.log(np.maximum(rng.gamma(alpha + 1.0, size=size), np.finfo(float).tiny))
-    log_g += np.log(1.0 - rng.random(size)) / alpha  # 1 - U lies in (0, 1]: log is finite
-    log_g -= log_g.max(axis=-1, keepdims=True)
-    p = np.exp(log_g)
-    return p / p.sum(axis=-1, keepdims=True)
-
-
-def _apportion(total: int, weights: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
-    """Largest-remainder rounding: non-negative ints summing to ``total``, proportional to ``weights``.
-
-    Integer weights are handled in exact integer arithmetic. Ties between equal remainders are
-    broken at random with ``rng`` (so no client is favoured systematically), else by index.
-    """
-    weights = np.asarray(weights)
-    if np.issubdtype(weights.dtype, np.integer):
-        w = weights.astype(np.int64)
-        wsum = int(w.sum())
-        base = (w * total) // wsum
-        rem = (w * total) % wsum  # exact remainders, comparable as integers
-    else:
-        quota = weights / weights.sum() * total
-        base = np.floor(quota).astype(np.int64)
-        rem = quota - base
-    short = total - int(base.sum())
-    if short > 0:
-        if rng is not None:
-            order = np.lexsort((rng.random(len(rem)), -rem))  # by remainder, ties at random
-        else:
-            order = np.argsort(-rem, kind="stable")
-        base[order[:short]] += 1
-    return base
-
-
-# --------------------------------------------------------------------------------------------
-# Partitioners: fednorm/data/partition_label.py (iid, dirichlet, classes, gamma, quantity) and
-# fednorm/data/partition_domain.py (domains), imported at the end of this module
-# --------------------------------------------------------------------------------------------
 
 
 # --------------------------------------------------------------------------------------------
@@ -470,8 +340,3 @@ def _flwr(rest: str) -> Partitioner:
 PARTITIONS.add_prefix("flwr", _flwr)  # --partition flwr:DirichletPartitioner (fednorm/data/flwr_partition.py)
 
 
-# -- the partitions, one module per family (imported here so that the registry holds them and the
-# old import paths keep working) ----------------------------------------------------------------
-
-from .partition_domain import client_domains, domains, split_by_domain  # noqa: E402
-from .partition_label import classes, dirichlet, gamma, iid, quantity  # noqa: E402

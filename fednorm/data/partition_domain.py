@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import PartitionError
-from .partition import _check_labels, _check_nonneg_int, _check_seed, _finish, _is_int, _is_real, register_partition
+from .partition_base import _check_labels, _check_nonneg_int, _check_seed, _finish, _is_int, _is_real, register_partition
 
 __all__ = ["domains", "client_domains", "split_by_domain"]
 

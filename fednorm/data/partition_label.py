@@ -2,7 +2,8 @@
 γ-similarity and quantity skew (the non-IID generators of spec/all_methods.md §E).
 
 Split out of :mod:`fednorm.data.partition` (one module per family); they are registered in
-:data:`~fednorm.data.partition.PARTITIONS` and importable from there as before.
+:data:`~fednorm.data.partition_base.PARTITIONS` and importable from :mod:`fednorm.data.partition`
+as before.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import PartitionError
-from .partition import (
+from .partition_base import (
     _apportion,
     _check_alpha,
     _check_labels,

@@ -12,7 +12,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fednorm.data import partition as P
 from fednorm.data.partition import (
     PARTITIONS,
     classes,
@@ -27,6 +26,7 @@ from fednorm.data.partition import (
     quantity,
     split_like,
 )
+from fednorm.data.partition_base import _sample_dirichlet
 from fednorm.errors import PartitionError, UnknownNameError
 
 # Every knob of every scheme; partition() passes each function only the ones it accepts.
@@ -183,7 +183,7 @@ class TestDirichletSuccess:
 
     @pytest.mark.parametrize("alpha", [1e-2, 1e-4, 1e-8, 1.0, 1e3])
     def test_dirichlet_draws_are_finite_and_normalised(self, alpha: float) -> None:
-        p = P._sample_dirichlet(np.random.default_rng(0), alpha, (50, 100))
+        p = _sample_dirichlet(np.random.default_rng(0), alpha, (50, 100))
         assert np.all(np.isfinite(p)) and np.all(p >= 0)
         np.testing.assert_allclose(p.sum(1), 1.0)
 

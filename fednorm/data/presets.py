@@ -16,8 +16,8 @@ import numpy as np
 
 from ..errors import ConfigError, DatasetError
 from .cache import cached_arrays, fingerprint
-from .datasets import DatasetInfo, register_dataset
-from .domains import DIGITS5_ADVICE, DIGITS5_DOMAINS, DIGITS5_FOLDERS, _ci_child, digits5_locate, digits5_read
+from .base import DatasetInfo, register_dataset
+from .digits5 import DIGITS5_ADVICE, DIGITS5_DOMAINS, DIGITS5_FOLDERS, digits5_locate, digits5_read
 from .domains_dataset import DomainsDataset
 from .readers import IMAGE_SUFFIXES, DomainArrays, decode_images, natural_key, stratified_split
 
@@ -110,6 +110,17 @@ class Digits5(DomainsDataset):
 
 
 # -- image folders: Office-Caltech10, DomainNet, any <domain>/<class>/ tree -------------------
+
+
+def _ci_child(folder: Path, name: str) -> Path | None:
+    """The child of ``folder`` called ``name``, ignoring case."""
+    exact = folder / name
+    if exact.is_dir():
+        return exact
+    for p in folder.iterdir() if folder.is_dir() else ():
+        if p.is_dir() and p.name.lower() == name.lower():
+            return p
+    return None
 
 
 def _folder_split_files(base: Path, folder: Path, domain: str, classes: list[str], train: bool,

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DatasetError
+from .base import _stratified_split
 
 __all__ = [
     "DomainArrays",
@@ -66,8 +67,6 @@ def natural_key(name: str) -> list[object]:
 
 def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """The library's deterministic stratified split (as ``digits``); sorted train and test indices."""
-    from .datasets import _stratified_split
-
     return _stratified_split(labels, test_fraction, seed)
 
 

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .datasets import _DIGIT_NAMES, DatasetInfo, ImageDataset, _Found, _stratified_split, register_dataset
+from .base import _DIGIT_NAMES, DatasetInfo, ImageDataset, _Found, _stratified_split, register_dataset
 
 __all__ = ["Digits"]
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from fednorm.errors import DatasetError
 
-from .datasets import (
+from .base import (
     _DIGIT_NAMES,
     DatasetInfo,
     ImageDataset,

@@ -59,9 +59,7 @@ class CheckpointError(RuntimeError):
 
 
 def _fednorm_version() -> str:
-    # Imported at call time: fednorm/__init__ imports the engine, so a module-level import of the
-    # package version from here would be circular.
-    from .. import __version__
+    from ..version import __version__  # not the package's __init__, which imports the engine
 
     return __version__
 

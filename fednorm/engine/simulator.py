@@ -87,7 +87,7 @@ def _round_failure(server_round: int, answered: int, sampled: int, min_clients: 
 
 
 def _fednorm_version() -> str:
-    from .. import __version__  # at call time: fednorm/__init__ imports this module first
+    from ..version import __version__  # not the package's __init__, which imports this module
 
     return __version__
 

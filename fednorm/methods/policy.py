@@ -88,21 +88,3 @@ def resolve_policy(method: str, default: NormPolicy, allowed_buffers: tuple[str,
                 f"--{kind} {value}{other} (see `fednorm list methods --verbose`)"
             )
     return NormPolicy(buffers or default.buffers, affine or default.affine)  # type: ignore[arg-type]
-
-
-def describe_methods() -> list[str]:
-    """One block per registered method: its first docstring line and its normalization policy
-    (default and supported settings), for ``fednorm list methods --verbose``."""
-    from .registry import METHODS
-
-    lines = []
-    for name in METHODS.list():
-        cls = METHODS.get_builder(name)
-        para = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
-        doc = para.split(". ")[0].rstrip(".") + "."
-        p: NormPolicy = cls.default_policy
-        lines.append(f"{name}: {doc}")
-        lines.append(f"    buffers: {p.buffers} (default; supports {', '.join(cls.allowed_buffers)})  "
-                     f"affine: {p.affine} (default; supports {', '.join(cls.allowed_affine)})"
-                     + ("  evaluated per client" if cls.personalized else ""))
-    return lines

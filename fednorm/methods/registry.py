@@ -6,8 +6,9 @@ from typing import Any
 
 from ..registry import Registry
 from .base import Method
+from .policy import NormPolicy
 
-__all__ = ["METHODS", "register_method", "list_methods", "get_method"]
+__all__ = ["METHODS", "register_method", "list_methods", "get_method", "describe_methods"]
 
 METHODS: Registry[type[Method]] = Registry("method")
 register_method = METHODS.register
@@ -20,3 +21,19 @@ def list_methods(include: Any = None, exclude: Any = None) -> list[str]:
 def get_method(name: str, **config: Any) -> Method:
     """Build a method from its name and its options (``method_args``)."""
     return METHODS.build_from_config(name, "method_args", config)
+
+
+def describe_methods() -> list[str]:
+    """One block per registered method: its first docstring line and its normalization policy
+    (default and supported settings), for ``fednorm list methods --verbose``."""
+    lines = []
+    for name in METHODS.list():
+        cls = METHODS.get_builder(name)
+        para = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        doc = para.split(". ")[0].rstrip(".") + "."
+        p: NormPolicy = cls.default_policy
+        lines.append(f"{name}: {doc}")
+        lines.append(f"    buffers: {p.buffers} (default; supports {', '.join(cls.allowed_buffers)})  "
+                     f"affine: {p.affine} (default; supports {', '.join(cls.allowed_affine)})"
+                     + ("  evaluated per client" if cls.personalized else ""))
+    return lines

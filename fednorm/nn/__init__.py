@@ -31,8 +31,14 @@ from .fbn import (  # registers the "fbn" norm
 )
 from .feature_norm import FeatureNorm, FeatureNormClassifier, feature_norm, with_feature_norm
 from .ln_variants import ScaleNorm, Shift, norm_placement  # registers ln_static, ln_before, ln_reduced, fn, fn_every, ...
-from .weight_std import StdConv2d, convert_weight_standardization, revert_weight_standardization, standardize_weight  # registers gn_ws
-from .nf import ScaledStdConv2d, adaptive_grad_clip_  # registers fedwon, hbn_sws
+from .weight_std import (  # registers gn_ws
+    ScaledStdConv2d,
+    StdConv2d,
+    convert_weight_standardization,
+    revert_weight_standardization,
+    standardize_weight,
+)
+from .nf import adaptive_grad_clip_  # registers fedwon, hbn_sws
 
 __all__ = [
     "StdConv2d",

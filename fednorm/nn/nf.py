@@ -8,7 +8,8 @@ FedWon removes the normalization layers and trains with the two pieces of NF-Net
   ``Ŵ_o = g_o · γ · (W_o − mean(W_o)) / (sqrt(var(W_o) + ε) · sqrt(N))`` per output channel ``o``,
   with ``N`` the fan-in (``C_in/groups · k_h · k_w``), biased variance, ``γ`` the nonlinearity's
   gain (ReLU: ``sqrt(2 / (1 − 1/π))``, NF-ResNets) and ``g_o`` a learnable gain (initialised to
-  1) — :class:`ScaledStdConv2d`, in timm's arithmetic (``ε`` added to the variance);
+  1) — :class:`~fednorm.nn.weight_std.ScaledStdConv2d`, in timm's arithmetic (``ε`` added to the
+  variance; it lives with plain weight standardization and is importable from here too);
 - **adaptive gradient clipping** (AGC): each unit's gradient (a row of a weight: one output
   channel or neuron; a whole bias vector) is rescaled so that
   ``‖G_i‖ ≤ λ · max(‖W_i‖, 1e-3)`` (:func:`adaptive_grad_clip_`); the classifier (``model.head``)
@@ -24,51 +25,19 @@ AGC also applies to any other norm when ``agc_clip`` is set. The stored paramete
 
 from __future__ import annotations
 
-import math
 from typing import Any, Iterable
 
 import torch
 from torch import nn
 
 from .norms import create_identity, register_norm
-from .weight_std import StdConv2d, standardize_weight
+from .weight_std import RELU_GAIN, ScaledStdConv2d, scaled_standardize_weight
 
 __all__ = ["ScaledStdConv2d", "RELU_GAIN", "scaled_standardize_weight", "unitwise_norm", "adaptive_grad_clip_",
            "default_agc_clip", "head_parameter_names", "FEDWON_AGC_CLIP"]
 
-#: ``γ`` of ReLU for scaled WS (NF-ResNets): ``1 / sqrt(Var[relu(z)])`` for ``z ~ N(0, 1)``.
-RELU_GAIN = math.sqrt(2.0 / (1.0 - 1.0 / math.pi))
 #: FedWon's and NF-Nets' AGC clipping λ at small batch sizes.
 FEDWON_AGC_CLIP = 0.01
-
-
-def scaled_standardize_weight(weight: torch.Tensor, gain: torch.Tensor, gamma: float, eps: float) -> torch.Tensor:
-    """``gain · γ · standardize(W) / sqrt(fan_in)`` per output channel (the last three axes are
-    one channel's fan-in; leading axes index channels, or clients and channels)."""
-    fan_in = weight.shape[-3] * weight.shape[-2] * weight.shape[-1]
-    return gain * (gamma / math.sqrt(fan_in)) * standardize_weight(weight, eps)
-
-
-class ScaledStdConv2d(StdConv2d):
-    """``nn.Conv2d`` with NF-Nets' scaled weight standardization and a learnable per-channel gain
-    (``gain``, shape ``[C_out, 1, 1, 1]``, initialised to 1).
-
-    Args:
-        *args, **kwargs: as ``nn.Conv2d``.
-        gamma: the nonlinearity's gain γ (default: :data:`RELU_GAIN`).
-        eps: added to the per-channel variance (default: 1e-6, timm's ``ScaledStdConv2d``).
-    """
-
-    def __init__(self, *args: Any, gamma: float = RELU_GAIN, eps: float = 1e-6, **kwargs: Any) -> None:
-        super().__init__(*args, eps=eps, **kwargs)
-        self.gamma = float(gamma)
-        self.gain = nn.Parameter(torch.ones(self.out_channels, 1, 1, 1, device=self.weight.device, dtype=self.weight.dtype))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._conv_forward(x, scaled_standardize_weight(self.weight, self.gain, self.gamma, self.eps), self.bias)
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + f", gamma={self.gamma:.4g}"
 
 
 def unitwise_norm(x: torch.Tensor, lead: int = 0) -> torch.Tensor:

@@ -185,7 +185,7 @@ class StackedStdConv2d(StackedConv2d):
 
 
 class StackedScaledStdConv2d(StackedConv2d):
-    """K clients' :class:`~fednorm.nn.nf.ScaledStdConv2d` (FedWon): each client's filters
+    """K clients' :class:`~fednorm.nn.weight_std.ScaledStdConv2d` (FedWon): each client's filters
     standardized, scaled by ``γ/sqrt(fan_in)`` and its own gain ``[K, C_out, 1, 1, 1]``."""
 
     def __init__(self, conv: nn.Conv2d, num_clients: int) -> None:
@@ -194,7 +194,7 @@ class StackedScaledStdConv2d(StackedConv2d):
         self.gain = nn.Parameter(_repeat(conv.gain, num_clients), requires_grad=conv.gain.requires_grad)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from .nf import scaled_standardize_weight
+        from .weight_std import scaled_standardize_weight
 
         k = self.weight.shape[0]
         w = scaled_standardize_weight(self.weight, self.gain, self.gamma, self.eps)
@@ -778,9 +778,7 @@ _PASSTHROUGH = (
 def _convert(module: nn.Module, k: int) -> nn.Module:
     from ..models.resnet import PadShortcut
 
-    from .weight_std import StdConv2d
-
-    from .nf import ScaledStdConv2d
+    from .weight_std import ScaledStdConv2d, StdConv2d
 
     if isinstance(module, ScaledStdConv2d):
         return StackedScaledStdConv2d(module, k)

@@ -16,11 +16,13 @@ The stored parameter stays the raw ``W`` (what FedAvg averages); only the forwar
 under label skew; issue 21). The conversion is :func:`convert_weight_standardization`, in the
 manner of ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``; :func:`revert_weight_standardization`
 undoes it. The vectorized executor runs it as ``StackedStdConv2d`` (each client's own filters
-standardized).
+standardized). NF-Nets' scaled variant with a learnable gain, :class:`ScaledStdConv2d`, is FedWon's
+(``--norm fedwon``, :mod:`fednorm.nn.nf`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -29,7 +31,10 @@ from torch import nn
 from .norms import create_group_norm, register_norm
 
 __all__ = ["StdConv2d", "standardize_weight", "convert_weight_standardization", "revert_weight_standardization",
-           "create_group_norm_ws"]
+           "create_group_norm_ws", "ScaledStdConv2d", "scaled_standardize_weight", "RELU_GAIN"]
+
+#: ``γ`` of ReLU for scaled WS (NF-ResNets): ``1 / sqrt(Var[relu(z)])`` for ``z ~ N(0, 1)``.
+RELU_GAIN = math.sqrt(2.0 / (1.0 - 1.0 / math.pi))
 
 
 def standardize_weight(weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -62,18 +67,45 @@ class StdConv2d(nn.Conv2d):
         return super().extra_repr() + f", eps={self.eps}"
 
 
+def scaled_standardize_weight(weight: torch.Tensor, gain: torch.Tensor, gamma: float, eps: float) -> torch.Tensor:
+    """``gain · γ · standardize(W) / sqrt(fan_in)`` per output channel (the last three axes are
+    one channel's fan-in; leading axes index channels, or clients and channels)."""
+    fan_in = weight.shape[-3] * weight.shape[-2] * weight.shape[-1]
+    return gain * (gamma / math.sqrt(fan_in)) * standardize_weight(weight, eps)
+
+
+class ScaledStdConv2d(StdConv2d):
+    """``nn.Conv2d`` with NF-Nets' scaled weight standardization and a learnable per-channel gain
+    (``gain``, shape ``[C_out, 1, 1, 1]``, initialised to 1).
+
+    Args:
+        *args, **kwargs: as ``nn.Conv2d``.
+        gamma: the nonlinearity's gain γ (default: :data:`RELU_GAIN`).
+        eps: added to the per-channel variance (default: 1e-6, timm's ``ScaledStdConv2d``).
+    """
+
+    def __init__(self, *args: Any, gamma: float = RELU_GAIN, eps: float = 1e-6, **kwargs: Any) -> None:
+        super().__init__(*args, eps=eps, **kwargs)
+        self.gamma = float(gamma)
+        self.gain = nn.Parameter(torch.ones(self.out_channels, 1, 1, 1, device=self.weight.device, dtype=self.weight.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._conv_forward(x, scaled_standardize_weight(self.weight, self.gain, self.gamma, self.eps), self.bias)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", gamma={self.gamma:.4g}"
+
+
 def convert_weight_standardization(module: nn.Module, eps: float = 1e-6, scaled: bool = False, gamma: float | None = None) -> nn.Module:
     """Replace every ``nn.Conv2d`` of ``module`` (not already a :class:`StdConv2d`) with a
     :class:`StdConv2d` holding the same parameters; returns the new root if the root is a conv.
     ``scaled=True``: NF-Nets' scaled WS with a learnable gain instead
-    (:class:`~fednorm.nn.nf.ScaledStdConv2d`, ``gamma`` its nonlinearity gain; FedWon)."""
+    (:class:`ScaledStdConv2d`, ``gamma`` its nonlinearity gain; FedWon)."""
     out = module
     if type(module) is nn.Conv2d:
         extra: dict[str, Any] = {}
         cls: type[StdConv2d] = StdConv2d
         if scaled:
-            from .nf import RELU_GAIN, ScaledStdConv2d
-
             cls, extra = ScaledStdConv2d, {"gamma": RELU_GAIN if gamma is None else gamma}
         out = cls(
             module.in_channels, module.out_channels, module.kernel_size, module.stride, module.padding,
