@@ -11,16 +11,16 @@ Quick use::
 
 from .api import CompareResult, RunResult, compare, run
 from .config import ExperimentConfig, load_config
-from .data import build_federated_data, list_datasets, list_partitions, load_dataset
+from .data import FederatedData, build_federated_data, list_datasets, list_partitions, load_dataset
 from .engine.adapt import adapt
 from .engine.simulator import Simulation
 from .methods import get_method, list_methods
 from .models import get_model, list_models
 from .nn import get_norm_layer, list_norms
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
+    "__version__",
     "CompareResult",
     "RunResult",
     "compare",
@@ -28,6 +28,7 @@ __all__ = [
     "adapt",
     "ExperimentConfig",
     "load_config",
+    "FederatedData",
     "build_federated_data",
     "list_datasets",
     "list_partitions",

@@ -24,6 +24,7 @@ from .errors import FednormError, RunWriteError
 from .data.federated import FederatedData
 from .engine.outputs import RunWriter, default_run_dir
 from .engine.simulator import Simulation
+from .models.user import UserModel
 
 __all__ = ["RunResult", "CompareResult", "run", "compare", "resolve_config", "variant_label", "check_device", "plan_variants"]
 
@@ -163,6 +164,7 @@ def _check_resumable(cfg: ExperimentConfig, saved: Mapping[str, Any], run_dir: P
 def run(
     config: ExperimentConfig | Mapping[str, Any] | str | Path | None = None,
     *,
+    model: str | nn.Module | Callable[[], nn.Module] | None = None,
     data: FederatedData | None = None,
     write: bool = True,
     progress: bool | None = None,
@@ -176,7 +178,17 @@ def run(
 
     Args:
         config: an :class:`ExperimentConfig`, a mapping of fields, or a YAML path.
-        data: reuse already-built client data (same dataset/partition/seed).
+        model: a registry name (``"resnet20"``), or your own ``nn.Module`` or a zero-argument
+            factory of one (a class, a lambda): its BatchNorm layers are converted for the
+            config's ``norm`` as ``--norm`` converts a registry model's (``bn`` keeps them;
+            left at ``bn``, methods ``hbn``/``fbn`` convert them to their own layers). Your
+            module is never changed: an instance is deep-copied (every run, every seed, starts
+            from its weights), a factory is called under the run's seeded initialisation (each
+            seed starts from its own). The run records it as ``model: user:ClassName`` with
+            its architecture's fingerprint; resume it with the same model passed again.
+        data: client data of your own (:meth:`FederatedData.from_tensors`,
+            :meth:`FederatedData.from_datasets`), recorded as ``dataset: user:NAME``, or
+            already-built data of the config's dataset/partition/seed.
         write: write the run directory (``config.out`` or ``runs/<method>-<norm>-...``),
             including checkpoints every ``checkpoint_every`` rounds and at the end.
         progress: show a progress bar (default: only on a terminal).
@@ -203,9 +215,8 @@ def run(
     from .engine.checkpoint import load_latest
     from .errors import ConfigError
 
-    if data is not None and not isinstance(data, FederatedData):
-        raise ConfigError(f"data must be a fednorm.FederatedData, got {type(data).__name__}; build one from your tensors "
-                          "(docs/data.md) or leave data out to build it from the config")
+    _check_data_type(data)
+    config, user = _split_model(config, overrides, model)
     checkpoint = None
     with contextlib.ExitStack() as held:
         if resume is not None:
@@ -221,6 +232,7 @@ def run(
                 )
             held.enter_context(_writer_lock(run_dir, "resume", "wait for it to finish or stop it"))  # no other writer mid-write
             cfg = load_config(run_dir / "config.yaml", {**overrides, "out": str(run_dir)})
+            _model_for_resume(cfg, user, data, run_dir)
             checkpoint = load_latest(run_dir)
             cfg = _data_for_resume(cfg, data, run_dir)
             cfg = _lr_restart(cfg, new_lr, run_dir, int(checkpoint.get("server_round", 0)))
@@ -236,6 +248,8 @@ def run(
             cfg = resolve_config(config, **overrides)
             if data is not None:
                 cfg = record_data(cfg, data)
+            if user is not None:
+                cfg = record_model(cfg, user)
             if write:
                 out = Path(cfg.out) if cfg.out else default_run_dir(cfg)
                 cfg = cfg.model_copy(update={"out": str(out)})
@@ -243,8 +257,8 @@ def run(
         # The handler is in place before the data load (minutes for a large dataset), so a SIGTERM
         # then still ends in an interrupted run with a checkpoint rather than a killed process.
         with _StopRequest() as stop:
-            return _execute(cfg, checkpoint, stop, data=data, write=write, progress=progress, simulation=simulation,
-                            on_round=on_round, callbacks=callbacks)
+            return _execute(cfg, checkpoint, stop, data=data, user=user, write=write, progress=progress,
+                            simulation=simulation, on_round=on_round, callbacks=callbacks)
 
 
 def _lr_restart(cfg: ExperimentConfig, lr: float | None, run_dir: Path, done: int) -> ExperimentConfig:
@@ -296,8 +310,89 @@ def record_data(cfg: ExperimentConfig, data: FederatedData) -> ExperimentConfig:
     if data.recipe is not None and data.recipe == data_recipe(cfg):
         return cfg
     tag = f"{USER_PREFIX}:{data_name(data)}"
-    return cfg.model_copy(update={"dataset": tag, "partition": tag, "dataset_args": describe_data(data),
-                                  "num_clients": data.num_clients, "partition_args": {}, "data_dir": None})
+    recorded = cfg.model_copy(update={"dataset": tag, "partition": tag, "dataset_args": describe_data(data),
+                                      "num_clients": data.num_clients, "partition_args": {}, "data_dir": None})
+    return load_config(None, recorded.model_dump())  # validated: the name is spelled as config.yaml reads it back
+
+
+def _check_data_type(data: Any) -> None:
+    from .errors import ConfigError
+
+    if data is not None and not isinstance(data, FederatedData):
+        raise ConfigError(f"data must be a fednorm.FederatedData, got {type(data).__name__}; build one from your tensors "
+                          "or datasets (FederatedData.from_tensors / from_datasets, docs/data.md) or leave data out to "
+                          "build it from the config")
+
+
+def _split_model(config: Any, overrides: dict[str, Any], model: Any) -> tuple[Any, UserModel | None]:
+    """``model=`` as a registry name (a config field) or a user's module (kept out of the config:
+    :class:`~fednorm.models.user.UserModel`); a module inside a mapping config counts too."""
+    if model is None and isinstance(config, Mapping) and "model" in config and not isinstance(config["model"], str):
+        config = dict(config)
+        model = config.pop("model")
+    if model is None:
+        return config, None
+    if isinstance(model, str):
+        overrides["model"] = model
+        return config, None
+    return config, model if isinstance(model, UserModel) else UserModel(model)
+
+
+def record_model(cfg: ExperimentConfig, user: UserModel) -> ExperimentConfig:
+    """``cfg`` recording a user's module: ``model: user:ClassName`` with its description in
+    ``model_args``, and the norm the method needs where ``norm`` was left at ``bn``."""
+    from .errors import ConfigError
+    from .models.user import is_user_model, method_norm
+
+    if cfg.model_args and not is_user_model(cfg.model):
+        raise ConfigError(f"model_args ({', '.join(map(str, cfg.model_args))}) are options of a registry model's builder; "
+                          "build your module with its options before passing it as model=")
+    return resolve_config(cfg, model=user.tag(), model_args=user.describe(), norm=method_norm(cfg.method, cfg.norm))
+
+
+def _model_for_resume(cfg: ExperimentConfig, user: UserModel | None, data: FederatedData | None, run_dir: Path) -> None:
+    """A run of a user's module resumes only from Python, with a module of the same architecture
+    (its weights come from the checkpoint); a run of a registry model takes no module."""
+    from .data.provenance import is_user_dataset
+    from .errors import ConfigError
+    from .models.user import is_user_model, user_model_error
+
+    if not is_user_model(cfg.model):
+        if user is not None:
+            raise ConfigError(f"cannot resume {run_dir}: it trained model '{cfg.model}' built from its config; leave model out")
+        return
+    if user is None:
+        if is_user_dataset(cfg.dataset) and data is None:
+            raise ConfigError(f"cannot resume {run_dir} from its config: model '{cfg.model}' and dataset '{cfg.dataset}' were "
+                              f"given from Python; resume from Python with the same model and data: "
+                              f"fednorm.run(resume='{run_dir}', model=..., data=...)")
+        raise ConfigError(f"cannot resume {run_dir} from its config: {user_model_error(cfg.model, str(run_dir))}")
+    user.check_same(cfg.model_args, str(run_dir))
+
+
+def _check_outputs(sim: Simulation) -> None:
+    """One line, before the first round, for a user's module that does not fit the data: a
+    forward pass that fails, or logits of the wrong shape."""
+    from .errors import ConfigError
+
+    x = sim.data.train_x[:2]
+    k = sim.data.num_classes
+    name = sim.config.model
+    modes = {m: m.training for m in sim.model.modules()}
+    sim.model.eval()  # in eval mode no running statistics move: the model is as it was
+    try:
+        with torch.no_grad():
+            out = sim.model(x)
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's forward is reported as one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"model '{name}' fails on a batch of the data (shape {tuple(x.shape)}): {first}") from None
+    finally:
+        for m, training in modes.items():
+            m.training = training
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if shape != (len(x), k):
+        raise ConfigError(f"model '{name}' returns {shape} for a batch of {len(x)} samples; the data has {k} classes, so it "
+                          f"must return logits of shape ({len(x)}, {k})")
 
 
 def _data_for_resume(cfg: ExperimentConfig, data: FederatedData | None, run_dir: Path) -> ExperimentConfig:
@@ -320,18 +415,22 @@ def _data_for_resume(cfg: ExperimentConfig, data: FederatedData | None, run_dir:
 
 
 def _execute(cfg: ExperimentConfig, checkpoint: dict[str, Any] | None, stop: _StopRequest, *, data: FederatedData | None,
-             write: bool, progress: bool | None, simulation: Callable[..., Simulation],
+             user: UserModel | None, write: bool, progress: bool | None, simulation: Callable[..., Simulation],
              on_round: Callable[[Any, Simulation], None] | None, callbacks: Sequence[Any]) -> RunResult:
     """The body of :func:`run` once the config is resolved: build, train, evaluate, write."""
     from .engine.checkpoint import save_checkpoint
     from .errors import DivergenceError, RoundFailedError
+    from .models.user import using_model
 
     check_device(cfg.device)
     from .tracking import as_callbacks, build_loggers, call_all
     from .tracking.partition import PartitionRecord
 
     loggers = build_loggers(cfg.log, cfg.log_args)  # a missing package fails before anything runs
-    sim = simulation(cfg, data=data)
+    with using_model(user, cfg):  # the registry's user:NAME builds this module (fednorm/models/user.py)
+        sim = simulation(cfg, data=data)
+    if user is not None:
+        _check_outputs(sim)
     hooks = as_callbacks(on_round, callbacks, [PartitionRecord(), *loggers] if sim.is_main else None)
     if checkpoint is not None:
         sim.load_state_dict(checkpoint)
@@ -585,22 +684,41 @@ def _variant_dir(root: Path, label: str) -> str:
     return str(root / label.replace("+", "_").replace("(", "_").replace(")", "").replace(", ", "_").replace("=", ""))
 
 
-def plan_variants(base: ExperimentConfig, variants: Sequence[Mapping[str, Any]], root: Path | None) -> list[tuple[str, ExperimentConfig]]:
+def plan_variants(base: ExperimentConfig, variants: Sequence[Mapping[str, Any]], root: Path | None, *,
+                  model: UserModel | None = None) -> list[tuple[str, ExperimentConfig]]:
     """Each variant's label and full config (run directory under ``root``), every one validated
-    (fields, registry names, device): a typo in the last variant is reported before the first trains."""
+    (fields, registry names, device; with a user's ``model``, that it converts for the variant's
+    norm and method): a typo in the last variant is reported before the first trains."""
+    from .data.provenance import DATA_FIELDS, is_user_dataset
     from .engine.simulator import check_names
     from .errors import ConfigError
+    from .models.user import is_user_model, method_norm
 
     planned: list[tuple[str, ExperimentConfig]] = []
     for variant in variants:
         variant = dict(variant)
         given = variant.pop("label", None)  # a variant may name itself (e.g. the centralized reference)
+        if not isinstance(variant.get("model", ""), str):
+            shown = {"method": base.method, "norm": base.norm, **{k: v for k, v in variant.items() if k != "model"}}
+            raise ConfigError(f"variant {given or variant_label(shown)}: a variant's model "
+                              "is a registry name; pass your own nn.Module as fednorm.compare(model=net), which every variant trains")
         full = {"method": base.method, "norm": base.norm, **variant}
+        if is_user_model(base.model):  # the norm a user's module runs with under this method
+            full["norm"] = method_norm(full["method"], full["norm"])
         label = given or variant_label(full)
+        if is_user_model(base.model) and ({"model", "model_args"} & set(variant)):
+            raise ConfigError(f"variant {label}: every variant trains the model given as model=; leave model and "
+                              "model_args out of the variants (compare another model in its own comparison)")
+        changed = sorted(k for k in variant if k in DATA_FIELDS and k != "seed")
+        if is_user_dataset(base.dataset) and changed:
+            raise ConfigError(f"variant {label}: every variant trains on the data given as data=; it cannot change "
+                              f"{', '.join(changed)}")
         try:
             cfg = resolve_config(base, **full, out=_variant_dir(root, label) if root else None)
             check_names(cfg)
             check_device(cfg.device)
+            if model is not None:
+                _check_builds(cfg, model)
         except ConfigError as exc:
             raise ConfigError(f"variant {label}: {exc}") from None
         planned.append((label, cfg))
@@ -611,6 +729,8 @@ def compare(
     config: ExperimentConfig | Mapping[str, Any] | str | Path | None = None,
     *,
     variants: Sequence[Mapping[str, Any]] = DEFAULT_VARIANTS,
+    model: str | nn.Module | Callable[[], nn.Module] | None = None,
+    data: FederatedData | None = None,
     out: str | Path | None = None,
     progress: bool | None = None,
     on_round: Callable[[Any, Simulation], None] | None = None,
@@ -620,21 +740,27 @@ def compare(
     """Run several variants (method/norm/any field) on one setting and tabulate them.
 
     Every variant shares the base config's data, partition and seed; the client data is built
-    once and reused. Every variant's config is validated (fields and registry names) before the
-    first one trains. Writes ``compare.json`` (the plan), ``results.md``, ``results.csv``,
-    ``accuracy.png`` and one run directory per variant under ``out`` (nothing when ``out`` is None).
+    once and reused. ``model`` and ``data`` are as :func:`run`'s: every variant trains its own copy
+    of your module (its BatchNorm converted for the variant's norm; left at ``bn``, the ``hbn`` and
+    ``fbn`` variants convert it to their layers) on your data. Every variant's config is validated
+    (fields and registry names, and that your module converts for it) before the first one trains.
+    Writes ``compare.json`` (the plan), ``results.md``, ``results.csv``, ``accuracy.png`` and one
+    run directory per variant under ``out`` (nothing when ``out`` is None).
 
     A SIGINT/SIGTERM stops the comparison after the current round of the current variant: the
     table holds the variants that finished, and ``CompareResult.stop_signal`` the signal.
     ``resume=OUT`` continues such a comparison from ``OUT/compare.json``: finished variants are
     kept, the interrupted one resumes from its checkpoint, the rest run (only
-    :data:`RESUMABLE_OVERRIDES` may be passed, e.g. ``rounds=`` to extend every variant).
+    :data:`RESUMABLE_OVERRIDES` may be passed, e.g. ``rounds=`` to extend every variant; a
+    comparison of your own model or data resumes with them passed again).
     """
     import contextlib
 
     from .compare_plan import load_plan, save_plan
     from .engine.runlock import run_lock
 
+    _check_data_type(data)
+    config, user = _split_model(config, overrides, model)
     if resume is not None:
         from .errors import ConfigError
 
@@ -651,12 +777,57 @@ def compare(
         if resume is not None:
             saved, variants = load_plan(root)  # type: ignore[arg-type]
             base = resolve_config(saved, **{k: v for k, v in overrides.items() if k != "out"})
+            _inputs_for_compare_resume(base, user, data, root)  # type: ignore[arg-type]
         else:
             base = resolve_config(config, **overrides)
-        planned = plan_variants(base, variants, root)  # every typo is reported before anything trains
+            if data is not None:
+                base = record_data(base, data)
+            if user is not None:
+                base = record_model(base, user)
+        planned = plan_variants(base, variants, root, model=user)  # every typo is reported before anything trains
         if root is not None:
             save_plan(root, base, variants)
-        return _compare(base, planned, root, progress=progress, on_round=on_round, resume=resume is not None)
+        return _compare(base, planned, root, progress=progress, on_round=on_round, resume=resume is not None,
+                        user=user, user_data=data)
+
+
+def _check_builds(cfg: ExperimentConfig, user: UserModel) -> None:
+    """Build ``cfg``'s copy of the user's module once, as the run will (norm conversion, the
+    method's checks, FN's wrapper), so that a variant it cannot serve fails before any trains."""
+    from .errors import ConfigError
+    from .models import get_model
+    from .models.user import using_model
+
+    with using_model(user, cfg), torch.random.fork_rng(devices=[]):  # a factory's draws leave the caller's stream alone
+        try:
+            get_model(cfg.model, norm=cfg.norm, norm_args=cfg.norm_args, **cfg.model_args)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"model '{cfg.model}' with norm '{cfg.norm}': {exc}") from None
+
+
+def _inputs_for_compare_resume(base: ExperimentConfig, user: UserModel | None, data: FederatedData | None, root: Path) -> None:
+    """A comparison of a user's model or data resumes only with them given again (checked
+    against what it recorded), so that the variants still to run train what the others did."""
+    from .data.provenance import check_same_data, is_user_dataset
+    from .errors import ConfigError
+    from .models.user import is_user_model
+
+    missing = [n for n, recorded, given in (("model", is_user_model(base.model), user), ("data", is_user_dataset(base.dataset), data))
+               if recorded and given is None]
+    if missing:
+        raise ConfigError(f"cannot resume {root} from its compare.json: its {' and '.join(missing)} came from Python; resume "
+                          f"from Python with the same {' and '.join(missing)}: fednorm.compare(resume='{root}', "
+                          + ", ".join(f"{n}=..." for n in missing) + ")")
+    if user is not None:
+        if not is_user_model(base.model):
+            raise ConfigError(f"cannot resume {root}: it compares model '{base.model}' built from its config; leave model out")
+        user.check_same(base.model_args, str(root))
+    if data is not None:
+        if not is_user_dataset(base.dataset):
+            raise ConfigError(f"cannot resume {root}: it compares dataset '{base.dataset}' built from its config; leave data out")
+        check_same_data(base.dataset_args, data, str(root))
 
 
 def _reload(cfg: ExperimentConfig) -> RunResult | None:
@@ -676,7 +847,8 @@ def _reload(cfg: ExperimentConfig) -> RunResult | None:
 
 
 def _compare(base: ExperimentConfig, planned: list[tuple[str, ExperimentConfig]], root: Path | None, *,
-             progress: bool | None, on_round: Callable[[Any, Simulation], None] | None, resume: bool) -> CompareResult:
+             progress: bool | None, on_round: Callable[[Any, Simulation], None] | None, resume: bool,
+             user: UserModel | None = None, user_data: FederatedData | None = None) -> CompareResult:
     results: dict[str, RunResult] = {}
     interrupted: str | None = None
     stop_signal: int | None = None
@@ -694,11 +866,13 @@ def _compare(base: ExperimentConfig, planned: list[tuple[str, ExperimentConfig]]
                 continue
             same_data = all(getattr(cfg, k) == getattr(base, k) for k in data_keys)
             given = data if data is not None and same_data else None
+            if user_data is not None:  # the user's data: every variant's (plan_variants let none change it)
+                given = user_data
             if resume and any((Path(cfg.out) / n).exists() for n in ("checkpoint.pt", "checkpoint.prev.pt")):  # type: ignore[arg-type]
                 keep = {k: getattr(cfg, k) for k in RESUMABLE_OVERRIDES if k != "out" and getattr(cfg, k) is not None}
-                result = run(resume=cfg.out, data=given, progress=progress, on_round=on_round, **keep)
+                result = run(resume=cfg.out, model=user, data=given, progress=progress, on_round=on_round, **keep)
             else:
-                result = run(cfg, data=given, write=root is not None, progress=progress, on_round=on_round)
+                result = run(cfg, model=user, data=given, write=root is not None, progress=progress, on_round=on_round)
             if same_data:
                 data = result.simulation.data
             if result.summary.get("status") == "interrupted":

@@ -426,7 +426,7 @@ def _name_field_message(field: str, value: Any) -> str:
     msg = f"expected the name of a registered {field}, e.g. '{default}' (`fednorm list {plural}`)"
     torch = sys.modules.get("torch")
     if field == "model" and torch is not None and isinstance(value, torch.nn.Module):
-        msg += "; an nn.Module instance is not accepted yet: register a builder with fednorm.models.register_model and pass its name"
+        msg += "; pass your own nn.Module beside the config, as fednorm.run(model=net) or fednorm.compare(model=net)"
     return msg
 
 

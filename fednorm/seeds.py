@@ -136,6 +136,8 @@ def run_seeds(
     run: Callable[..., Any] | None = None,
     plot: bool = True,
     stack: bool = True,
+    model: Any = None,
+    data: Any = None,
     **run_kwargs: Any,
 ) -> SeedsResult:
     """Run ``config`` once per seed in ``root/seed<k>`` and aggregate.
@@ -152,6 +154,12 @@ def run_seeds(
             (:mod:`fednorm.engine.stacked_runs`; equal to running them one by one to float
             rounding); where they cannot stack, the reason is in ``SeedsResult.stacking`` and they
             run one by one. Ignored with a custom ``run``.
+        model: as :func:`fednorm.run`'s: a registry name, or your own ``nn.Module`` or factory.
+            A factory (a class, a lambda) gives each seed its own initial weights; every seed
+            of a module instance starts from that module's weights.
+        data: your own :class:`~fednorm.data.federated.FederatedData`, as :func:`fednorm.run`'s:
+            every seed trains on it, so the seeds differ in initialisation (with a factory),
+            batches and client sampling, not in how the samples are split.
     """
     from .api import run as api_run
     from .config import ExperimentConfig
@@ -162,6 +170,13 @@ def run_seeds(
     if not seeds:
         raise ValueError("run_seeds needs at least one seed")
     base = config.model_dump() if isinstance(config, ExperimentConfig) else dict(config)
+    if model is not None:
+        from .models.user import UserModel
+
+        # checked once, here: the stacked seeds' threads then build from it without touching the global RNG
+        run_kwargs["model"] = model if isinstance(model, (str, UserModel)) else UserModel(model)
+    if data is not None:
+        run_kwargs["data"] = data
     result = SeedsResult(root=root, runs={}, summaries={}, histories={})
     todo = [s for s in seeds if not _finished(root / f"seed{s}")]
     if stack and run is api_run and len(todo) > 1:
@@ -169,7 +184,9 @@ def run_seeds(
 
         configs = [ExperimentConfig(**{**base, "seed": s, "out": str(root / f"seed{s}")}) for s in todo]
         resumes = [root / f"seed{s}" if (root / f"seed{s}" / "checkpoint.pt").exists() else None for s in todo]
-        outcomes, result.stacking = run_stacked(configs, resume=resumes, data=_one_copy(configs, run_kwargs), **run_kwargs)
+        shared = {k: v for k, v in run_kwargs.items() if k != "data"}  # run_stacked takes the data per run
+        per_run = [data] * len(configs) if data is not None else _one_copy(configs, run_kwargs)
+        outcomes, result.stacking = run_stacked(configs, resume=resumes, data=per_run, **shared)
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         if failures:  # every other seed has finished and written its run: now say what failed, as alone
             raise failures[0]

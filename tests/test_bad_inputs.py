@@ -155,8 +155,9 @@ def test_bad_input_is_one_line_and_exit_2(argv, needle, paths, tmp_path, monkeyp
     assert not os.listdir(tmp_path), os.listdir(tmp_path)  # nothing was written
 
 
-def test_a_module_passed_as_model_is_a_short_config_error_naming_the_field():
+def test_a_module_that_does_not_fit_the_data_is_a_short_config_error_without_its_repr():
     from fednorm import run
+    from fednorm.config import load_config
     from fednorm.errors import ConfigError
 
     class Wide(torch.nn.Module):  # a repr of many lines, which the message must not quote
@@ -169,8 +170,13 @@ def test_a_module_passed_as_model_is_a_short_config_error_naming_the_field():
             run(model=module, rounds=1, write=False)
         msg = str(info.value)
         assert len(msg) <= MAX_MESSAGE and "\n" not in msg, msg
-        assert "model:" in msg and "registered model" in msg and "fednorm list models" in msg, msg
+        assert "model 'user:" in msg and "fails on a batch of the data" in msg, msg  # run(model=net) takes modules (issue 38)
         assert "in_features" not in msg, msg  # no module repr
+        with pytest.raises(ConfigError) as info:  # a module inside a config is not a name: run(model=net) takes it
+            load_config(None, {"model": module})
+        msg = str(info.value)
+        assert len(msg) <= MAX_MESSAGE and "\n" not in msg and "in_features" not in msg, msg
+        assert "model:" in msg and "registered model" in msg and "fednorm.run(model=net)" in msg, msg
 
 
 def test_the_table_is_large():

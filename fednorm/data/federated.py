@@ -10,12 +10,14 @@ client's test split is drawn from its own source's test set instead.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
 import torch
+from torch.utils.data import Dataset, IterableDataset
 
 from ..errors import PartitionError
 from .datasets import DatasetInfo, dataset_to_tensors, load_dataset
@@ -109,7 +111,11 @@ class FederatedData:
                 raise DatasetError(f"client {k}: samples of shape {tuple(x.shape[1:])}, client 0's are {tuple(xs[0].shape[1:])}")
             xs.append(x)
             ys.append(y.long())
+        if not (isinstance(test, (tuple, list)) and len(test) == 2 and all(isinstance(t, torch.Tensor) for t in test)):
+            raise DatasetError(f"test: expected a pair of tensors (x, y), got {type(test).__name__}")
         tx, ty = test
+        if not tx.is_floating_point() or ty.is_floating_point() or ty.dtype == torch.bool:
+            raise DatasetError(f"test: x must be float and y integer labels; got {tx.dtype} and {ty.dtype}")
         if tx.shape[1:] != xs[0].shape[1:] or ty.dim() != 1 or len(tx) != len(ty):
             raise DatasetError(f"test: x must be N×{'×'.join(map(str, xs[0].shape[1:]))} and y N labels; got x "
                                f"{tuple(tx.shape)}, y {tuple(ty.shape)}")
@@ -131,14 +137,104 @@ class FederatedData:
                    client_train=[torch.as_tensor(p, dtype=torch.int64) for p in parts],
                    client_test=[torch.as_tensor(p, dtype=torch.int64) for p in test_parts], augment=augment, name=name)
 
+    @classmethod
+    def from_datasets(
+        cls,
+        clients: Sequence[Dataset],
+        test: Dataset | tuple[torch.Tensor, torch.Tensor],
+        *,
+        name: str = "datasets",
+        num_classes: int | None = None,
+        augment: bool = False,
+        seed: int = 0,
+    ) -> "FederatedData":
+        """Your clients' map-style ``torch.utils.data.Dataset``s as a federation, as
+        :meth:`from_tensors` makes one: ``clients[k]`` yields client k's ``(x, y)`` samples, ``x``
+        a float tensor (``C×H×W`` or ``F``) and ``y`` an integer label; ``test`` likewise (or a
+        pair of tensors).
+
+        Each dataset is read once, here, sample by sample, into tensors held in memory: a
+        client's batches are then one ``index_select`` with no per-sample Python (the engine's
+        speed comes from that), and the run's content fingerprint covers exactly what trained.
+        So a dataset's transform runs once per sample: make it turn samples into normalised
+        tensors (e.g. ``ToTensor()`` and ``Normalize``), and leave random augmentation to
+        ``augment=True`` (fednorm's crop + flip per batch), since a random transform here would
+        be drawn once and frozen.
+
+        Raises:
+            DatasetError: a dataset that is not map-style, a sample that is not ``(x, y)`` with a
+                tensor (or NumPy array) ``x``, or shapes, dtypes and labels that do not fit
+                together (one line, naming the client and the sample).
+        """
+        from ..errors import DatasetError
+
+        if not isinstance(clients, Sequence) or isinstance(clients, Dataset) or not clients:
+            raise DatasetError("from_datasets needs a list of datasets, one per client (clients=[dataset, ...])")
+        read = [_read_dataset(ds, f"client {k}") for k, ds in enumerate(clients)]
+        shape = next((x.shape[1:] for x, _ in read if x is not None), None)
+        if shape is None:
+            raise DatasetError("from_datasets: every client's dataset is empty")
+        pairs = [(x, y) if x is not None else (torch.empty(0, *shape), torch.empty(0, dtype=torch.int64)) for x, y in read]
+        if isinstance(test, (tuple, list)):
+            test_pair = test
+        else:
+            tx, ty = _read_dataset(test, "test")
+            test_pair = (tx, ty) if tx is not None else (torch.empty(0, *shape), torch.empty(0, dtype=torch.int64))
+        return cls.from_tensors(pairs, test_pair, name=name, num_classes=num_classes, augment=augment, seed=seed)  # type: ignore[arg-type]
+
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "FederatedData":
-        self.train_x = self.train_x.to(device=device, dtype=dtype or self.train_x.dtype)
-        self.test_x = self.test_x.to(device=device, dtype=dtype or self.test_x.dtype)
-        self.train_y = self.train_y.to(device)
-        self.test_y = self.test_y.to(device)
-        self.client_train = [ix.to(device) for ix in self.client_train]
-        self.client_test = [ix.to(device) for ix in self.client_test]
-        return self
+        """The data on ``device`` (samples in ``dtype``), like ``Tensor.to``: ``self`` when
+        nothing moves, else a new object (sharing the tensors that need no move). The caller's
+        object keeps its device and dtype: a float64 run must not change the data, and so the
+        fingerprint, of the object a user passes on to the next run."""
+        moved = dict(
+            train_x=self.train_x.to(device=device, dtype=dtype or self.train_x.dtype),
+            test_x=self.test_x.to(device=device, dtype=dtype or self.test_x.dtype),
+            train_y=self.train_y.to(device),
+            test_y=self.test_y.to(device),
+            client_train=[ix.to(device) for ix in self.client_train],
+            client_test=[ix.to(device) for ix in self.client_test],
+        )
+        same = all(v is getattr(self, k) if isinstance(v, torch.Tensor) else all(a is b for a, b in zip(v, getattr(self, k)))
+                   for k, v in moved.items())
+        return self if same else dataclasses.replace(self, **moved)
+
+
+def _read_dataset(ds: object, where: str) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """A map-style dataset's samples as ``(x, y)`` tensors (``x`` None when it is empty)."""
+    from ..errors import DatasetError
+
+    if isinstance(ds, IterableDataset) or not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
+        raise DatasetError(f"{where}: expected a map-style torch Dataset (with __len__ and __getitem__), got "
+                           f"{type(ds).__name__}; read an iterable one into tensors and use FederatedData.from_tensors")
+    xs: list[torch.Tensor] = []
+    ys: list[object] = []
+    for i in range(len(ds)):  # type: ignore[arg-type]
+        item = ds[i]  # type: ignore[index]
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise DatasetError(f"{where}: sample {i} is a {type(item).__name__}, expected a pair (x, y)")
+        x, y = item
+        if isinstance(x, np.ndarray):
+            x = torch.from_numpy(x)
+        if not isinstance(x, torch.Tensor):
+            raise DatasetError(f"{where}: sample {i}'s x is a {type(x).__name__}, not a tensor; give the dataset a transform "
+                               "that returns one (e.g. torchvision.transforms.ToTensor())")
+        if xs and x.shape != xs[0].shape:
+            raise DatasetError(f"{where}: sample {i} has shape {tuple(x.shape)}, sample 0 {tuple(xs[0].shape)}; resize in "
+                               "the dataset's transform so that every sample has one shape")
+        if isinstance(y, (torch.Tensor, np.ndarray)):
+            if (y.size if isinstance(y, np.ndarray) else y.numel()) != 1:
+                raise DatasetError(f"{where}: sample {i}'s label has shape {tuple(y.shape)}, expected one class index")
+            y = y.reshape(()) if isinstance(y, torch.Tensor) else torch.from_numpy(np.asarray(y).reshape(()))
+        xs.append(x)
+        ys.append(y)
+    if not xs:
+        return None, torch.empty(0, dtype=torch.int64)
+    try:
+        labels = torch.stack([torch.as_tensor(y) for y in ys])
+    except (TypeError, RuntimeError, ValueError) as exc:
+        raise DatasetError(f"{where}: labels must be class indices (int); got {type(ys[0]).__name__} ({exc})") from None
+    return torch.stack(xs), labels
 
 
 def build_federated_data(

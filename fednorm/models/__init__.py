@@ -14,6 +14,7 @@ from .mlp import MLP, mlp
 from .registry import MODELS, get_model, list_models, register_model
 from .resnet import BasicBlock, ResNet, ln_resnet18, resnet18, resnet20
 from .vgg import VGG, vgg11
+from . import user  # registers model user:NAME (an nn.Module given from Python)
 
 __all__ = [
     "MODELS",
