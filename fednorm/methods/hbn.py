@@ -2,7 +2,7 @@
 
 Each round, before local training, every participating client runs a statistics pass under the
 *downloaded* global weights (Eq. 7) and uploads, per HBN layer, the exact ``(count, mean, biased
-variance)`` of the layer's input. The server pools them into the exact global statistics with
+variance)`` of the layer's input. The server pools them exactly into the global statistics, with
 the within- plus between-client variance and Bessel's correction (Eq. 8), smooths them over rounds
 with ``lambda`` (Eq. 11), and averages the weights (FedAvg, sample-count weights). The mixing
 logits ``alpha`` never leave their client (per-client state bank).
@@ -30,6 +30,15 @@ The statistics-only round T+1 of Algorithm 1 runs after the last round (:meth:`H
 a fresh sample of clients computes statistics under the final weights; pooled (lambda = 1, so they
 describe the final weights rather than 1% of them) they give ``final_model.pt`` and the summary's
 ``final_sync`` accuracy. The resumable checkpoint keeps the training state.
+
+The statistics exchanges the server runs (the initial pass, every evaluation re-sync, round T+1)
+are one pass (``sync_pass="single"``: each client's pass in ``stats_mode``, one exchange) or the
+exact layer-wise pass (``"layerwise"``): one exchange per HBN layer, each client measuring the next
+layer's input in inference mode with the layers before it normalised by the statistics this pass
+pooled for them. Only the latter gives what A.2 calls the pool, the "ideal global statistics"
+``S(ω_g; D_g)`` of the model as it is evaluated, for layers after the first (docs/hbn.md). The
+round's own pass (Eq. 7) is uploaded with the trained weights, one exchange (Algorithm 1), so it is
+always one pass.
 """
 
 from __future__ import annotations
@@ -41,8 +50,8 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..nn.functional import pooled_stats
-from ..nn.hbn import HybridBatchNorm, collect_hbn_statistics
-from ..nn.stacked import collect_stacked_hbn_statistics
+from ..nn.hbn import HybridBatchNorm, collect_hbn_layer_statistics, collect_hbn_statistics
+from ..nn.stacked import StackedHybridBatchNorm, collect_stacked_hbn_statistics
 from ..nn.state import state_keys
 from ..rng import torch_generator
 from .base import ClientContext, ClientUpdates, ServerView, StackedClientContext
@@ -53,6 +62,14 @@ from .registry import register_method
 __all__ = ["HBN"]
 
 OWN_ALPHA = "hbn.own."  # bank prefix of a client's own alpha in alpha_mode="global_init"
+LAYER_QUERY = "statistics-layer-"  # + k: step k of the layer-wise pass (the k-th HBN layer to run)
+
+
+def _layer_index(query: str) -> int | None:
+    """k of a layer-wise statistics query ``"statistics-layer-<k>"``, else None."""
+    if not query.startswith(LAYER_QUERY):
+        return None
+    return int(query[len(LAYER_QUERY):])
 
 
 @register_method("hbn")
@@ -66,8 +83,16 @@ class HBN(FedAvg):
             paper) or ``"reference-code"`` (the released code).
         stats_momentum: lambda of Eq. 11, the weight of the new pooled statistics
             (paper: 0.01; the released code: 0.002; 1 = no smoothing).
-        stats_mode: forward of earlier layers during the statistics pass: ``"train"`` (hybrid
-            normalisation, as the code) or ``"eval"`` (global statistics only). (default: "train")
+        stats_mode: forward of earlier layers during a one-exchange statistics pass (the
+            round's, and the server's with ``sync_pass="single"``): ``"train"`` (hybrid
+            normalisation, as the code) or ``"eval"`` (the global statistics the model holds).
+            (default: "train")
+        sync_pass: the statistics exchanges the server runs (``initial_pass``, ``eval_resync``,
+            ``final_sync``): ``"single"`` (one exchange, each client's pass in ``stats_mode``) or
+            ``"layerwise"`` (one exchange per HBN layer, in inference mode, earlier layers
+            normalised with the statistics pooled in the exchanges before: the exact statistics
+            of the model as evaluated, A.2's ``S(ω_g; D_g)``; L exchanges, each a forward of the
+            network's prefix up to its layer). (default: "single" in every preset)
         stats_samples: which local samples every statistics pass (round start, evaluation
             re-sync, round T+1) uses: ``"all"`` (paper), ``"random"`` (a seeded subset of
             ``stats_max_samples``, the paper's Sec. 5 variant), ``"first"`` (the first
@@ -95,11 +120,12 @@ class HBN(FedAvg):
         stats_batch_size: chunk size of the statistics pass. (default: 512)
         eval_resync: the statistics an evaluation normalises with. ``"round"`` (or True): the
             round's clients recompute theirs under the new weights, pooled (the paper's
-            protocol; at strong label skew it depends on which clients answered, by up to 10
-            points at Dir(0.1), docs/hbn.md); ``"all"``: every client does (the exact statistics
-            of the clients' union under ``stats_samples="all"``, a statistics pass over the whole
-            training set per evaluation); ``"off"`` (or False): the global buffers.
-            (default: "round")
+            protocol; at strong label skew it depends on which clients answered: by up to 10
+            points at Dir(0.1) with the one train-mode pass, by up to 5 layer-wise,
+            docs/hbn.md); ``"all"``: every client does (a statistics pass over the whole training
+            set per evaluation; with ``sync_pass="layerwise"`` and ``stats_samples="all"`` the
+            exact statistics of the clients' union, with one pass only for the first HBN layer);
+            ``"off"`` (or False): the global buffers. (default: "round")
         final_sync: run the statistics-only round T+1 after training (paper: True; the code has
             no such round: False).
         weighting: FedAvg weights. (default: "num_examples", as the code)
@@ -113,10 +139,10 @@ class HBN(FedAvg):
     PRESETS: dict[str, dict[str, Any]] = {
         "paper": dict(stats_momentum=0.01, stats_samples="all", stats_max_samples=None, upload="local",
                       alpha_mode="local", stats_init="zeros_ones", initial_pass=False,
-                      bessel_count="samples", stats_augment=False, final_sync=True),
+                      bessel_count="samples", stats_augment=False, final_sync=True, sync_pass="single"),
         "reference-code": dict(stats_momentum=0.002, stats_samples="first_by_class", stats_max_samples=64, upload="hybrid",
                                alpha_mode="global_init", stats_init="zeros_ones", initial_pass=False,
-                               bessel_count="samples", stats_augment=True, final_sync=False),
+                               bessel_count="samples", stats_augment=True, final_sync=False, sync_pass="single"),
     }
     # Without a preset: the paper, except that the statistics start from the initial weights'
     # pool and average the pools while few have been taken (issue 17.3: the (0, 1) start held the
@@ -128,6 +154,7 @@ class HBN(FedAvg):
         preset: Literal["default", "paper", "reference-code"] = "default",
         stats_momentum: float | None = None,
         stats_mode: Literal["train", "eval"] = "train",
+        sync_pass: Literal["single", "layerwise"] | None = None,
         stats_samples: Literal["all", "random", "first", "first_by_class"] | None = None,
         stats_max_samples: int | None = None,
         stats_augment: bool | None = None,
@@ -155,9 +182,10 @@ class HBN(FedAvg):
         bessel_count = bessel_count or base["bessel_count"]
         stats_augment = base["stats_augment"] if stats_augment is None else stats_augment
         final_sync = base["final_sync"] if final_sync is None else final_sync
+        sync_pass = sync_pass or base["sync_pass"]
         if not (isinstance(stats_momentum, (int, float)) and 0 < stats_momentum <= 1):
             raise ConfigError(f"stats_momentum (lambda, Eq. 11) must be in (0, 1], got {stats_momentum!r}")
-        choices = {"stats_mode": (stats_mode, ("train", "eval")),
+        choices = {"stats_mode": (stats_mode, ("train", "eval")), "sync_pass": (sync_pass, ("single", "layerwise")),
                    "stats_samples": (stats_samples, ("all", "random", "first", "first_by_class")),
                    "upload": (upload, ("local", "hybrid")), "alpha_mode": (alpha_mode, ("local", "global_init")),
                    "stats_init": (stats_init, ("zeros_ones", "first_round", "debiased")),
@@ -176,6 +204,7 @@ class HBN(FedAvg):
         self.preset = preset
         self.stats_momentum = float(stats_momentum)
         self.stats_mode = stats_mode
+        self.sync_pass = sync_pass
         self.stats_samples = stats_samples
         self.stats_max_samples = stats_max_samples
         self.upload = upload
@@ -191,6 +220,7 @@ class HBN(FedAvg):
         self._last_round_clients: list[int] = []
         self._initialised = False
         self._pools = 0  # pooled statistics applied so far (the debiased EMA's t)
+        self._sync_exchanges = 0  # statistics exchanges the server ran (queries; the rounds' uploads are counted by the engine)
 
     # -- model policy -----------------------------------------------------------------------
     def setup(self, model: nn.Module) -> None:
@@ -257,9 +287,10 @@ class HBN(FedAvg):
             stats, len(x), lambda name: (modules[name].batch_weight, modules[name].global_mean, modules[name].global_var)
         )
 
-    def _statistics_batches(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def _statistics_batches(self, x: torch.Tensor, train_mode: bool | None = None) -> list[torch.Tensor]:
+        train_mode = self.stats_mode == "train" if train_mode is None else train_mode
         batches = list(x.split(self.stats_batch_size))
-        if len(batches) > 1 and len(batches[-1]) < 2 and self.stats_mode == "train":
+        if len(batches) > 1 and len(batches[-1]) < 2 and train_mode:
             batches[-2] = torch.cat(batches[-2:])  # a batch of one has no batch variance
             batches.pop()
         return batches
@@ -269,18 +300,32 @@ class HBN(FedAvg):
         ``(batch weight, global mean, global var)`` for ``upload="hybrid"``."""
         out = {}
         for name in self.layers:
-            s = stats[name]
-            mean, var = s.mean, s.var
-            if self.upload == "hybrid":
-                w, global_mean, global_var = mix(name)
-                w = w.detach().to(mean.dtype)
-                mean = w * mean + (1 - w) * global_mean.to(mean.dtype)
-                var = w * var + (1 - w) * global_var.to(var.dtype)
-            count = s.count if self.bessel_count == "elements" else torch.tensor(float(num_samples), dtype=torch.float64)
-            out[f"hbn.{name}.count"] = count.reshape(()).to(device=mean.device)
-            out[f"hbn.{name}.mean"] = mean
-            out[f"hbn.{name}.var"] = var
+            out.update(self._layer_upload(name, stats[name], num_samples, mix))
         return out
+
+    def _layer_upload(self, name: str, s: Any, num_samples: int, mix: Any) -> dict[str, torch.Tensor]:
+        """One layer's entries of an upload (:meth:`_statistics_upload`) from its ``HBNStats``."""
+        mean, var = s.mean, s.var
+        if self.upload == "hybrid":
+            w, global_mean, global_var = mix(name)
+            w = w.detach().to(mean.dtype)
+            mean = w * mean + (1 - w) * global_mean.to(mean.dtype)
+            var = w * var + (1 - w) * global_var.to(var.dtype)
+        count = s.count if self.bessel_count == "elements" else torch.tensor(float(num_samples), dtype=torch.float64)
+        return {f"hbn.{name}.count": count.reshape(()).to(device=mean.device), f"hbn.{name}.mean": mean, f"hbn.{name}.var": var}
+
+    def client_layer_statistics(self, model: nn.Module, x: torch.Tensor, index: int) -> dict[str, torch.Tensor]:
+        """Step ``index`` of the layer-wise pass on one client: the upload entries (as
+        :meth:`client_statistics`) of the ``index``-th HBN layer to run, in inference mode, the
+        layers before it normalised by what ``model`` holds (the server's pools of the earlier
+        steps); ``{}`` when ``x`` reaches fewer layers."""
+        found = collect_hbn_layer_statistics(model, self._statistics_batches(x, train_mode=False), index,
+                                             channels_last=self.channels_last)
+        if found is None:
+            return {}
+        name, s = found
+        layer = dict(model.named_modules())[name]
+        return self._layer_upload(name, s, len(x), lambda _: (layer.batch_weight, layer.global_mean, layer.global_var))
 
     def _load_own_alpha(self, ctx: ClientContext) -> None:
         """``alpha_mode="global_init"``: the client's own alpha once it has one, as the code's
@@ -312,13 +357,18 @@ class HBN(FedAvg):
             upload.update(stats)
 
     def stacked_client_query(self, query: str, ctx: StackedClientContext) -> list[dict[str, torch.Tensor]] | None:
-        """:meth:`client_query` for a stacked chunk: the statistics passes run together."""
-        if query != "statistics":
+        """:meth:`client_query` for a stacked chunk: the statistics passes run together. A step
+        of the layer-wise pass runs the whole network (the stacked pass does not stop at the
+        measured layer) and answers that layer's entries, equal to the per-client step's."""
+        index = _layer_index(query)
+        if query != "statistics" and index is None:
             return None
-        return self._stacked_statistics(ctx, "query")
+        return self._stacked_statistics(ctx, "query", layer=index)
 
-    def _stacked_statistics(self, ctx: StackedClientContext, phase: str) -> list[dict[str, torch.Tensor]]:
-        """Each client's statistics upload from one stacked pass (own alpha loaded first)."""
+    def _stacked_statistics(self, ctx: StackedClientContext, phase: str, layer: int | None = None) -> list[dict[str, torch.Tensor]]:
+        """Each client's statistics upload from one stacked pass (own alpha loaded first); with
+        ``layer``, step ``layer`` of the layer-wise pass (inference mode, the entries of the
+        ``layer``-th HBN layer to run; ``{}`` for a client without data or where fewer run)."""
         net = ctx.model
         if self.alpha_mode == "global_init":
             with torch.no_grad():
@@ -329,19 +379,32 @@ class HBN(FedAvg):
                             tensors[key[len(OWN_ALPHA):]][i].copy_(value)
         inputs = [self._statistics_input(x, y, ctx.server_round, cid, phase, seed=ctx.seed_of(i, self.seed)) if len(x) else x
                   for i, (x, y, cid) in enumerate(zip(ctx.x, ctx.y, ctx.client_ids))]
-        stats = collect_stacked_hbn_statistics(
-            net, [self._statistics_batches(x) if len(x) else [] for x in inputs], train_mode=self.stats_mode == "train",
-            channels_last=self.channels_last,
-        )
+        train_mode = self.stats_mode == "train" and layer is None
+        order: list[str] = []  # the HBN layers in the order of their first calls (layer-wise step)
+        hooks = [] if layer is None else [
+            m.register_forward_pre_hook(lambda _m, _args, name=name: None if name in order else order.append(name))
+            for name, m in net.named_modules() if isinstance(m, StackedHybridBatchNorm)
+        ]
+        try:
+            stats = collect_stacked_hbn_statistics(
+                net, [self._statistics_batches(x, train_mode) if len(x) else [] for x in inputs], train_mode=train_mode,
+                channels_last=self.channels_last,
+            )
+        finally:
+            for hook in hooks:
+                hook.remove()
         state = net.state_dict()
         out = []
         for i, x in enumerate(inputs):
-            if len(ctx.x[i]) == 0:
+            mix = lambda name, i=i: (  # noqa: E731
+                torch.sigmoid(-state[f"{name}.alpha"][i]), state[f"{name}.running_mean"][i], state[f"{name}.running_var"][i])
+            if layer is not None:
+                found = len(ctx.x[i]) > 0 and layer < len(order)
+                out.append(self._layer_upload(order[layer], stats[i][order[layer]], len(x), mix) if found else {})
+            elif len(ctx.x[i]) == 0:
                 out.append(self._empty_statistics(net))
-                continue
-            out.append(self._statistics_upload(stats[i], len(x), lambda name, i=i: (
-                torch.sigmoid(-state[f"{name}.alpha"][i]), state[f"{name}.running_mean"][i], state[f"{name}.running_var"][i]
-            )))
+            else:
+                out.append(self._statistics_upload(stats[i], len(x), mix))
         return out
 
     def stacked_client_end(self, ctx: StackedClientContext) -> None:
@@ -363,10 +426,15 @@ class HBN(FedAvg):
     def client_query(self, query: str, ctx: ClientContext) -> dict[str, torch.Tensor]:
         """``"statistics"``: the client's statistics pass under the model as it is (the evaluation
         re-sync and round T+1), on the same samples as the round's pass (``stats_samples``) and
-        with its own alpha under ``global_init``, as the code's re-sync runs its statistics pass."""
-        if query != "statistics":
+        with its own alpha under ``global_init``, as the code's re-sync runs its statistics pass.
+        ``"statistics-layer-<k>"``: step k of the layer-wise pass on the same samples
+        (:meth:`client_layer_statistics`); ``{}`` from a client without data."""
+        index = _layer_index(query)
+        if query != "statistics" and index is None:
             return super().client_query(query, ctx)
         self._load_own_alpha(ctx)
+        if index is not None:
+            return self.client_layer_statistics(ctx.model, self.statistics_input(ctx, "query"), index) if ctx.num_examples else {}
         if ctx.num_examples == 0:
             return self._empty_statistics(ctx.model)
         return self.client_statistics(ctx.model, self.statistics_input(ctx, "query"))
@@ -419,13 +487,41 @@ class HBN(FedAvg):
     # -- evaluation -------------------------------------------------------------------------
     def synced_state(self, sim: ServerView, client_ids: list[int]) -> dict[str, torch.Tensor]:
         """The global state with statistics recomputed by ``client_ids`` under the current
-        weights and pooled with lambda = 1 (Eq. 8 only)."""
+        weights and pooled with lambda = 1 (Eq. 8 only), by ``sync_pass``."""
+        if self.sync_pass == "layerwise":
+            return self.layerwise_state(sim, client_ids)
         answers = sim.query_clients(client_ids, "statistics")
+        self._sync_exchanges += 1
         uploads = [answers[cid] for cid in client_ids]
         extras = {k: torch.stack([u[k] for u in uploads]) for k in uploads[0]}
         state = dict(sim.global_state)
         for name in self.layers:
             pooled = self.pooled(extras, name)
+            if pooled is None:
+                continue
+            for key, value in zip(("running_mean", "running_var"), pooled):
+                state[f"{name}.{key}"] = value.to(state[f"{name}.{key}"].dtype)
+        return state
+
+    def layerwise_state(self, sim: ServerView, client_ids: list[int]) -> dict[str, torch.Tensor]:
+        """The layer-wise pass: exchange k asks ``client_ids`` for the input statistics of the
+        k-th HBN layer to run, in inference mode, under the global state with the pools of
+        exchanges 0..k−1 loaded, and pools them (Eq. 8, lambda = 1). The result is the exact
+        statistics of every layer's input over the clients' data when the model runs as it is
+        evaluated, i.e. with these statistics: A.2's ``S(ω_g; D_g)``. One exchange per layer."""
+        state = dict(sim.global_state)
+        for index in range(len(self.layers)):
+            answers = sim.query_clients(client_ids, f"{LAYER_QUERY}{index}", state)
+            self._sync_exchanges += 1
+            uploads = [answers[cid] for cid in client_ids if answers[cid]]
+            if not uploads:  # no client's data reaches a layer this deep
+                break
+            names = {key[len("hbn."):-len(".count")] for u in uploads for key in u if key.endswith(".count")}
+            if len(names) != 1:
+                raise RuntimeError(f"layer-wise HBN statistics: the clients' step {index} measured different layers "
+                                   f"{sorted(names)}; their models must run the HBN layers in one order")
+            name = names.pop()
+            pooled = self.pooled({k: torch.stack([u[k] for u in uploads]) for k in uploads[0]}, name)
             if pooled is None:
                 continue
             for key, value in zip(("running_mean", "running_var"), pooled):
@@ -470,21 +566,29 @@ class HBN(FedAvg):
                     "batch_weight_max": max(weights),
                     "clients": len(weights),
                 }
-        return {**super().report(sim), "hbn_batch_weight": out}
+        # The statistics exchanges the server ran outside the rounds (initial pass, evaluation
+        # re-syncs, round T+1): one each with sync_pass "single", one per HBN layer with
+        # "layerwise". The rounds' own statistics travel with the weights and are counted by the
+        # engine with the uploads (uplink_bytes).
+        sync = {"pass": self.sync_pass, "exchanges": self._sync_exchanges}
+        return {**super().report(sim), "hbn_batch_weight": out, "hbn_statistics_sync": sync}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"initialised": self._initialised, "pools": self._pools, "last_round_clients": list(self._last_round_clients)}
+        return {"initialised": self._initialised, "pools": self._pools, "last_round_clients": list(self._last_round_clients),
+                "sync_exchanges": self._sync_exchanges}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._initialised = bool(state.get("initialised", False))
         self._pools = int(state.get("pools", int(self._initialised)))
         self._last_round_clients = list(state.get("last_round_clients", []))
+        self._sync_exchanges = int(state.get("sync_exchanges", 0))
 
     def hparams(self) -> dict[str, Any]:
         return {
             "preset": self.preset,
             "stats_momentum": self.stats_momentum,
             "stats_mode": self.stats_mode,
+            "sync_pass": self.sync_pass,
             "stats_samples": self.stats_samples,
             "stats_max_samples": self.stats_max_samples,
             "upload": self.upload,

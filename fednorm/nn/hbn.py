@@ -8,7 +8,8 @@ evaluation mode only the global statistics are used, which is exactly BatchNorm'
 with ``running_mean``/``running_var`` = ``(global_mean, global_var)``. This module holds the pure
 function :func:`hybrid_batch_norm`, the layers :class:`HybridBatchNorm1d`/:class:`HybridBatchNorm2d`
 (registered as the norm ``"hbn"``), the client-side statistics pass
-(:func:`collect_hbn_statistics`, HBN Eq. 7/15) and the converters to and from plain BatchNorm.
+(:func:`collect_hbn_statistics`, HBN Eq. 7/15), one step of the layer-wise pass
+(:func:`collect_hbn_layer_statistics`) and the converters to and from plain BatchNorm.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "hbn_modules",
     "recording_hbn_statistics",
     "collect_hbn_statistics",
+    "collect_hbn_layer_statistics",
     "convert_to_hybrid",
     "convert_to_batchnorm",
 ]
@@ -419,6 +421,84 @@ def collect_hbn_statistics(
     finally:
         for m, flag in flags:
             m.training = flag
+
+
+class _Stop(Exception):
+    """Ends a forward pass at the layer being measured (:func:`collect_hbn_layer_statistics`)."""
+
+
+def collect_hbn_layer_statistics(
+    model: nn.Module, batches: Iterable[Any], index: int, *, channels_last: bool = False
+) -> tuple[str, HBNStats] | None:
+    """Step ``index`` of the layer-wise statistics pass: the exact ``(count, mean, biased var)``
+    of the input of the ``index``-th HBN layer to run (0-based, in the order of the layers' first
+    calls), in inference mode.
+
+    In inference mode every earlier HBN layer normalises with the statistics the model holds, so
+    when the server has loaded the pooled statistics of the first ``index`` layers (steps
+    ``0 .. index − 1``), the pooled result of this step is the exact statistics of the layer's
+    input under those: after one step per layer, the statistics ``S(ω; D)`` of the model as it
+    is evaluated (HBN Eq. 5, A.2), which one pass cannot give for layers after the first. The
+    order of first calls is the order of dependence (a layer's input can only depend on layers
+    that ran before it), whatever order the model registers its layers in. Each forward stops at
+    the measured layer, so step ``index`` costs the network's prefix up to it. The model's
+    training flags are restored; no tensor changes.
+
+    Args:
+        model: a model containing HBN layers.
+        batches: an iterable of input tensors, or of ``(input, target, ...)`` tuples/lists.
+        index: which layer, by order of first call.
+        channels_last: feed 4-d batches in channels-last memory format, as training does.
+
+    Returns:
+        ``(layer_name, HBNStats)`` in float64 (``count`` as in :func:`collect_hbn_statistics`), or
+        ``None`` when the batches reach fewer than ``index + 1`` HBN layers.
+
+    Raises:
+        ValueError: if ``batches`` is empty, or two batches reach different layers at ``index``.
+    """
+    names = {m: name for name, m in hbn_modules(model)}
+    acc = _Accumulator()
+    order: list[nn.Module] = []
+    target: list[str] = []
+
+    def pre_hook(module: nn.Module, args: tuple) -> None:
+        if module in order:
+            return
+        order.append(module)
+        if len(order) == index + 1:
+            target.append(names[module])
+            acc.update(args[0])
+            raise _Stop
+
+    flags = [(m, m.training) for m in model.modules()]
+    handles = [m.register_forward_pre_hook(pre_hook) for m in names]
+    model.eval()
+    try:
+        seen = 0
+        with torch.no_grad():
+            for batch in batches:
+                x = batch[0] if isinstance(batch, (tuple, list)) else batch
+                if channels_last and x.dim() == 4:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                order.clear()
+                try:
+                    model(x)
+                except _Stop:
+                    pass
+                seen += 1
+        if seen == 0:
+            raise ValueError("collect_hbn_layer_statistics: batches is empty; need at least one batch")
+    finally:
+        for handle in handles:
+            handle.remove()
+        for m, flag in flags:
+            m.training = flag
+    if not target:
+        return None
+    if len(set(target)) > 1 or len(target) != seen:
+        raise ValueError(f"collect_hbn_layer_statistics: the batches reach different HBN layers at index {index}: {sorted(set(target))}")
+    return target[0], acc.result()
 
 
 # --------------------------------------------------------------------------------------------
