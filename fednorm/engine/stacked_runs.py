@@ -326,7 +326,9 @@ def run_stacked(configs: Sequence[ExperimentConfig], *, resume: Sequence[str | P
 
     def one(i: int, **kw: Any) -> Any:
         if resume[i] is not None:
-            return api.run(resume=resume[i], data=given[i], progress=progress, rounds=configs[i].rounds, **kw, **run_kwargs)
+            # the plan's schedule and evaluation cadence (a longer plan extends a finished run)
+            return api.run(resume=resume[i], data=given[i], progress=progress, rounds=configs[i].rounds,
+                           eval_every=configs[i].eval_every, eval_last_rounds=configs[i].eval_last_rounds, **kw, **run_kwargs)
         return api.run(configs[i], data=given[i], progress=progress, **kw, **run_kwargs)
 
     blockers = stack_blockers(configs) if len(configs) > 1 else ["one run"]

@@ -6,14 +6,20 @@ rebuilt at any time without running (``fednorm reproduce <paper> --report-only``
 suite is still running or after it was interrupted.
 
 For every cell: our mean ± sample standard deviation over the completed seeds of the final, best
-and last-10-mean accuracy (in %), the paper's number and our mean minus it for each statistic the
-table compares (``compare:``); whether the paper's ordering of the rows holds within each column
-(every pair of rows with a paper number, ranked by the first compared statistic); and for a cell
-without a result, why.
+and last-10 accuracy (in %), the paper's number and our mean minus it for each statistic the
+table compares (``compare:``); the paper's own statistic (``paper_statistic:``) computed from our
+runs the same way, beside our final, with a note where what was recorded does not allow it; whether
+the paper's ordering of the rows holds within each column (every pair of rows with a paper number,
+ranked by the first compared statistic); for a cell without a result, why; and, once per paper, the
+settings where our runs differ from the paper or the paper from its code (``settings:``).
+
+"last-10" is the mean over the last 10 *rounds* (R−9 to R of an R-round run), the same span in
+every table whatever its evaluation cadence; it is n/a for a run that did not evaluate each of them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -24,12 +30,15 @@ from typing import Any, Mapping, Sequence
 from ..config import load_config
 from ..errors import ConfigError
 from .runner import RECORD_NAME, RunSpec, config_differences, data_missing_file, git_info, plan
-from .suite import STATS, Table
+from .suite import STATS, PaperStatistic, Table
 
-__all__ = ["run_metrics", "series", "summarize", "ordering", "collect", "write_report", "markdown"]
+__all__ = ["run_metrics", "series", "summarize", "last_rounds_mean", "paper_statistic_value", "ordering", "collect",
+           "write_report", "markdown", "settings_markdown"]
 
 MAX_FLIPS = 6  # reversed pairs listed per column in report.md (all are in results.json)
+LAST_ROUNDS = 10  # "last-10": the mean over the last 10 rounds of a run
 STAT_LABEL = {"final": "final", "best": "best", "last10": "last-10 mean"}
+PAPER_STAT_LABEL = {"final": "final", "best": "best"}
 METRIC_LABEL = {"test_accuracy": "test accuracy of the global model",
                 "mean_client_accuracy": "mean over clients of the accuracy on each client's own test split"}
 
@@ -70,14 +79,71 @@ def series(history: Sequence[Mapping[str, Any]], metric: str, sources: Sequence[
     return out
 
 
-def _config_seed(run_dir: Path) -> int | None:
-    """The seed in a run directory's ``config.yaml`` (written before its first round)."""
+def _saved_config(run_dir: Path) -> dict[str, Any]:
+    """A run directory's ``config.yaml`` (written before its first round) as a mapping, or {}."""
     import yaml
 
     try:
-        return (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("seed")
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def last_rounds_mean(curve: Sequence[tuple[int, float]], final_round: int, n: int = LAST_ROUNDS) -> float | None:
+    """The mean accuracy over rounds ``final_round − n + 1`` to ``final_round``, or None unless the
+    run evaluated every one of them: the same span of training in every table, whatever its
+    evaluation cadence (the mean of the last n *evaluations* of a run evaluated every 100 rounds
+    would span 1,000 rounds)."""
+    rounds = range(max(1, final_round - n + 1), final_round + 1)
+    at = dict(curve)
+    if not rounds or any(r not in at for r in rounds):
         return None
+    return statistics.fmean(at[r] for r in rounds)
+
+
+def _cadence(eval_every: Any, eval_last: Any) -> str:
+    if not eval_every:
+        return "at the rounds in metrics.jsonl"
+    text = "every round" if int(eval_every) == 1 else f"every {int(eval_every)} rounds"
+    return text + (f" and each of the last {int(eval_last)}" if eval_last and int(eval_every) > 1 else "")
+
+
+def paper_statistic_value(curve: Sequence[tuple[int, float]], final_round: int, kind: str, stat: PaperStatistic,
+                          cadence: str = "at its own cadence") -> tuple[float | None, str | None]:
+    """One run's figure computed as the paper's statistic ``kind``: ``(value, None)`` when the run
+    recorded what that needs, else ``(value or None, why ours differs)``.
+
+    ``final``: the accuracy at ``final_round``. ``best``: the maximum over the evaluations; the
+    paper's is over every ``eval_every``-th round, so a run evaluated more sparsely gives a lower
+    bound of it. ``last_mean``: the mean over the evaluations at rounds ``R − i·eval_every``,
+    i < ``evaluations`` (the paper's last evaluations); None unless every one of them was evaluated.
+    ``cadence`` describes the run's own evaluations for those notes (``"every 10 rounds"``).
+    """
+    at = dict(curve)
+    if kind == "final":
+        if final_round in at:
+            return at[final_round], None
+        return None, f"n/a: no evaluation at round {final_round}"
+    every = int(stat.eval_every or 1)
+    if kind == "best":
+        if not at:
+            return None, "n/a: no evaluation"
+        needed = range(every, final_round + 1, every)
+        missing = sum(1 for r in needed if r not in at)
+        if not missing:
+            return max(at.values()), None
+        paper = "every round" if every == 1 else f"every {every} rounds"
+        return max(at.values()), (f"best over our {len(at)} evaluations ({cadence}) where the paper's run evaluates "
+                                  f"{paper}: a lower bound of the paper's best")
+    if kind == "last_mean":
+        n = int(stat.evaluations or 1)
+        needed = [final_round - i * every for i in range(n) if final_round - i * every >= 1]
+        if all(r in at for r in needed):
+            return statistics.fmean(at[r] for r in needed), None
+        return None, (f"n/a: the paper's last {n} evaluations are rounds {needed[-1]}–{final_round}"
+                      f"{'' if every == 1 else f' every {every}'}; ours evaluated {cadence}")
+    raise ConfigError(f"unknown paper statistic '{kind}'")
 
 
 def _code_versions(invocations: list[dict[str, Any]]) -> list[str]:
@@ -99,18 +165,25 @@ def run_metrics(run_dir: str | Path, metric: str) -> dict[str, Any]:
     run_dir = Path(run_dir)
     summary = _read_json(run_dir / "summary.json") or {}
     record = _read_json(run_dir / RECORD_NAME) or {}
+    saved = _saved_config(run_dir)
     history = _read_metrics(run_dir)
     curve = series(history, metric, summary.get("client_sources"))
     values = [v for _, v in curve]
     last = (record.get("invocations") or [{}])[-1]
+    final_round = int(summary["rounds"]) if summary.get("rounds") else (curve[-1][0] if curve else 0)
+    cadence = _cadence(saved.get("eval_every"), saved.get("eval_last_rounds"))
+    last10 = last_rounds_mean(curve, final_round) if curve else None
     out: dict[str, Any] = {
         "dir": str(run_dir),
-        "seed": summary.get("seed", record.get("seed", _config_seed(run_dir))),  # no summary before its first round ends
+        "seed": summary.get("seed", record.get("seed", saved.get("seed"))),  # no summary before its first round ends
         "status": summary.get("status") or ("running or killed" if history else "not started"),
         "rounds": summary.get("rounds") if summary else (curve[-1][0] if curve else 0),
+        "final_round": final_round,
         "final": values[-1] if values else None,
         "best": max(values) if values else None,
-        "last10": statistics.fmean(values[-10:]) if values else None,
+        "last10": last10,
+        "last10_na": None if last10 is not None or not curve else f"evaluated {cadence}",
+        "cadence": cadence,
         "curve": curve,
         "wall_seconds": record.get("wall_seconds"),
         "engine_wall_seconds": summary.get("wall_seconds"),
@@ -218,6 +291,10 @@ def _collect_cell(table: Table, row_id: str, col_id: str, spec: RunSpec | None, 
     done = [r for r in res["runs"] if r["status"] == "completed"]
     for stat in STATS:
         res["stats"][stat] = summarize([r[stat] for r in done])
+    unevaluated = [r for r in done if r["last10"] is None]
+    if unevaluated:  # a mean over some seeds only would not be the cell's
+        res["stats"]["last10"] = {"mean": None, "std": None, "n": 0, "na": unevaluated[0]["last10_na"]}
+    res["paper_statistic"] = _paper_statistic_cell(table, row_id, col_id, done)
     syncs = [r["final_sync"] for r in done if "final_sync" in r]
     if syncs:
         res["stats"]["final_sync"] = summarize(syncs)
@@ -247,6 +324,34 @@ def _collect_cell(table: Table, row_id: str, col_id: str, spec: RunSpec | None, 
         if res["stale"]:
             res["reason"] += f"; {len(res['stale'])} run directory(ies) of an older config ignored"
     return res
+
+
+def _paper_statistic_cell(table: Table, row_id: str, col_id: str, done: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The paper's statistic(s) of a cell computed from each finished run as the paper computes
+    it: mean ± std over the seeds, the difference to the paper, and why ours may differ."""
+    stat, cell = table.paper_statistic, table.cell(row_id, col_id)
+    if stat is None or not done:
+        return []
+    out = []
+    for kind in table.cell_statistics(row_id, col_id):
+        values, why = [], []
+        for r in done:
+            value, note = paper_statistic_value(r["curve"], int(r["final_round"]), kind, stat, r.get("cadence") or "")
+            values.append(value)
+            if note and note not in why:
+                why.append(note)
+        summary = summarize(values) if all(v is not None for v in values) else {"mean": None, "std": None, "n": 0}
+        out.append({"kind": kind, **summary, "exact": not why, "why": why,
+                    "diff": None if summary["mean"] is None or cell.paper is None else summary["mean"] - cell.paper})
+    return out
+
+
+def _table_statistic(table: Table) -> dict[str, Any] | None:
+    stat = table.paper_statistic
+    if stat is None:
+        return None
+    return {"kinds": list(stat.kinds), "words": stat.words(), "source": stat.source, "note": stat.note,
+            "evaluations": stat.evaluations, "eval_every": stat.eval_every, "runs": stat.runs}
 
 
 def collect(
@@ -283,6 +388,8 @@ def collect(
             "columns": [{"id": c.id, "label": c.label, "metric": table.column_metric(c)} for c in table.columns],
             "cells": cells, "ordering": orders,
             "data_missing": missing.read_text().strip() if missing.is_file() else None,
+            "paper_statistic": _table_statistic(table),
+            "settings": [dataclasses.asdict(x) for x in table.settings],
         })
     return result
 
@@ -295,6 +402,8 @@ def _pct(v: float | None, digits: int = 2) -> str:
 
 
 def _ms(s: Mapping[str, Any] | None) -> str:
+    if s and s.get("na"):
+        return "n/a"
     if not s or s.get("mean") is None:
         return "—"
     return f"{s['mean']:.2f}" + ("" if s.get("std") is None else f" ± {s['std']:.2f}")
@@ -345,9 +454,10 @@ def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
     if any(m.startswith("client:") for m in metrics):
         descs.insert(0, "per data-source columns: the accuracy of the client holding that source on its own test split")
     mdesc = "; ".join(descs)
-    lines += [f"**Metric:** {mdesc}, in %. Ours: mean ± sample std over the completed seeds. The paper's number is "
-              f"compared with our {', '.join(STAT_LABEL[s] for s in t['compare'])} (difference = ours − paper); "
-              f"the ordering uses the {STAT_LABEL[t['compare'][0]]}.", ""]
+    lines += [f"**Metric:** {mdesc}, in %. Ours: mean ± sample std over the completed seeds; last-10: the mean over "
+              f"the last {LAST_ROUNDS} rounds (R−{LAST_ROUNDS - 1} to R), n/a where a run did not evaluate each of them. "
+              f"The paper's number is compared with our {', '.join(STAT_LABEL[s] for s in t['compare'])} (difference = "
+              f"ours − paper); the ordering uses the {STAT_LABEL[t['compare'][0]]}.", ""]
     head = "| method | column | final | best | last-10 | paper | " + " | ".join(f"Δ {STAT_LABEL[s]}" for s in t["compare"]) + " | seeds | rounds | wall (s) | status |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     has_sync = any("final_sync" in c["stats"] for c in t["cells"])
@@ -370,6 +480,14 @@ def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
         lines += ["", f"Final accuracy on `{key[5:]}` (`fednorm evaluate`; the runs' own test set is in the table above), "
                   "mean ± std over the seeds scored: " + "; ".join(
                       f"{c['row_label']} | {c['column_label']}: {_ms(c['stats'][key])}" for c in t["cells"] if key in c["stats"])]
+    na = sorted({c["stats"]["last10"]["na"] for c in t["cells"] if (c["stats"].get("last10") or {}).get("na")})
+    if na:
+        planned = t["setting"].get("eval_last_rounds") or 0
+        lines += ["", f"last-10 is n/a where the runs were {'; '.join(na)} (their config.yaml): they hold no evaluation of "
+                  f"some of their last {LAST_ROUNDS} rounds."
+                  + (f" Runs started from this table's config evaluate each of their last {planned} rounds too."
+                     if planned >= LAST_ROUNDS else "")]
+    lines += _paper_statistic_markdown(t)
     lines += ["", f"**Ordering of the methods within each column** (by the {STAT_LABEL[t['compare'][0]]}; pairs of rows with a paper number):", ""]
     labels = {r["id"]: r["label"] for r in t["rows"]}
     for col in t["columns"]:
@@ -385,7 +503,10 @@ def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
                 flips += f"; and {len(o['flips']) - MAX_FLIPS} more (results.json)"
             lines.append(f"- {col['label']}: **does not hold** ({o['agree']} of {o['pairs']} pairs agree); reversed: {flips}")
     if t["notes"]:
-        lines += ["", "**Notes (differences from the paper):**", ""] + [f"- {n}" for n in t["notes"]]
+        lines += ["", "**Notes:**", ""] + [f"- {n}" for n in t["notes"]]
+    if t.get("settings"):
+        lines += ["", f"Settings where these runs differ from the paper or the paper from its code: {len(t['settings'])}, "
+                  "in the table at the top of this report."]
     plots = [p for p in (f"plots/{t['table']}_curves.png", f"plots/{t['table']}_bars.png") if (out / p).is_file()]
     if plots:
         lines += [""] + [f"![{Path(p).stem}]({p})" for p in plots]
@@ -406,6 +527,75 @@ def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
     return lines + [""]
 
 
+def _kind_label(kind: str, stat: Mapping[str, Any]) -> str:
+    if kind == "last_mean":
+        return f"mean of the last {stat.get('evaluations')} evaluations"
+    return PAPER_STAT_LABEL[kind]
+
+
+def _paper_statistic_markdown(t: Mapping[str, Any]) -> list[str]:
+    """The paper's statistic in words, and ours computed the same way beside our final, for
+    every cell with a paper number and a finished run."""
+    stat = t.get("paper_statistic")
+    if not stat:
+        return []
+    lines = ["", f"**The paper's statistic:** {stat['words']} (source: {stat['source']})."
+             + (f" {stat['note']}" if stat.get("note") else "")]
+    cells = [c for c in t["cells"] if c.get("paper") is not None and c.get("paper_statistic")]
+    if not cells:
+        return lines + ["", "Ours computed the same way: no finished run of a cell with a paper number yet."]
+    notes = {}
+    for c in cells:
+        own = [w for p in c["paper_statistic"] for w in p["why"]]
+        rounds, paper_rounds = c.get("rounds") or [], c.get("paper_rounds")
+        if rounds and paper_rounds and rounds != [paper_rounds]:
+            own.append(f"after {'/'.join(map(str, rounds))} of the paper's {paper_rounds} rounds")
+        notes[(c["row"], c["column"])] = list(dict.fromkeys(own))
+    shared = [w for w in next(iter(notes.values())) if all(w in v for v in notes.values())]
+    lines += ["", "Ours computed the same way from each finished run (mean ± std over the seeds; Δ = ours − paper), "
+              "beside our final" + (f". For every cell below: {'; '.join(shared)}." if shared else "."), "",
+              "| method | column | paper | the paper's statistic | ours, the same way (Δ) | our final (Δ) | seeds "
+              f"{'(the paper: runs) ' if stat.get('runs') else ''}| note |",
+              "|---|---|---|---|---|---|---|---|"]
+    runs = f" ({stat['runs']})" if stat.get("runs") else ""
+    for c in cells:
+        kinds = " / ".join(_kind_label(p["kind"], stat) for p in c["paper_statistic"])
+        ours = " / ".join("n/a" if p["mean"] is None else f"{_ms(p)} ({_signed(p['diff'])})" for p in c["paper_statistic"])
+        final = c["stats"].get("final") or {}
+        final_diff = None if final.get("mean") is None else final["mean"] - c["paper"]
+        note = "; ".join(w for w in notes[(c["row"], c["column"])] if w not in shared) or ""
+        lines.append(f"| {c['row_label']} | {c['column_label']} | {c['paper_display']} | {kinds} | {ours} | "
+                     f"{_ms(final)} ({_signed(final_diff)}) | {final.get('n') or '—'}{runs} | {note.replace('|', '/')} |")
+    return lines
+
+
+def settings_markdown(results: Mapping[str, Any]) -> list[str]:
+    """One table of every setting where the paper's runs differ from the paper or the paper from
+    its code, over all of a paper's tables (an entry shared by several tables once): the form
+    REPRODUCTION.md's section for the paper takes."""
+    tables = [t for t in results["tables"] if t.get("settings")]
+    if not tables:
+        return []
+    entries: dict[str, dict[str, Any]] = {}
+    for t in tables:
+        for entry in t["settings"]:
+            key = json.dumps(entry, sort_keys=True)
+            entries.setdefault(key, {**entry, "tables": []})["tables"].append(t["table"])
+    several = len(tables) > 1
+    options = any(e.get("option") for e in entries.values())
+    head = (["setting", "paper", "released code", "ours", "effect"] + (["to run the paper's/code's choice"] if options else [])
+            + (["tables"] if several else []) + ["source"])
+    lines = ["## Settings where our runs differ from the paper, or the paper from its released code", "",
+             "From the `settings:` of each table config (the spec note's section on where the paper and its code "
+             "disagree is cited). Effects are measured only where the text says so.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for e in entries.values():
+        row = [e["setting"], e["paper"], e["code"], e["ours"], e["effect"]] + ([e.get("option") or "—"] if options else [])
+        row += ([", ".join(e["tables"]) if len(e["tables"]) < len(tables) else "all"] if several else []) + [e["source"]]
+        lines.append("| " + " | ".join(str(x).replace("|", "/") for x in row) + " |")
+    return lines + [""]
+
+
 def markdown(results: Mapping[str, Any]) -> str:
     out = Path(results["out"])
     git = results.get("fednorm") or {}
@@ -413,6 +603,7 @@ def markdown(results: Mapping[str, Any]) -> str:
     lines = [f"# Reproduction of the {results['paper']} paper's tables ({results['scale']} scale)", "",
              f"Generated {results['generated']} from the run directories under `{out}` by fednorm at commit {commit}. "
              f"Each run directory records the commit and command that produced it (see *Runs*).", ""]
+    lines += settings_markdown(results)
     for t in results["tables"]:
         lines += _table_markdown(t, out)
     return "\n".join(lines)

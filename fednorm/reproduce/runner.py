@@ -48,7 +48,7 @@ __all__ = [
 RECORD_NAME = "reproduce.json"
 # Fields that may differ between a cached run directory and the plan: where things are, how the
 # run is executed, and rounds (a longer plan extends a completed run; see run_state).
-IGNORED_FIELDS = ("out", "data_dir", "download", "threads", "device", "checkpoint_every", "eval_batch_size", "rounds")
+IGNORED_FIELDS = ("out", "data_dir", "download", "threads", "device", "checkpoint_every", "eval_batch_size", "rounds", "eval_every", "eval_last_rounds")
 # Fields that decide the client data (api.compare's list), for reusing it between runs.
 DATA_KEYS = ("dataset", "data_dir", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args",
              "num_clients", "seed", "augment", "input_norm", "dtype", "device")
@@ -444,7 +444,8 @@ def _execute(spec: RunSpec, state: RunState, *, command: str, git: Mapping[str, 
             torch.set_num_threads(int(cfg["threads"]))
         data = _data_for(cfg)
         if state.action in ("resume", "extend"):
-            keep = {k: cfg[k] for k in ("threads", "device", "checkpoint_every", "eval_batch_size") if cfg.get(k) is not None}
+            keep = {k: cfg[k] for k in ("threads", "device", "checkpoint_every", "eval_batch_size", "eval_every", "eval_last_rounds")
+                    if cfg.get(k) is not None}  # how the run is executed and evaluated: the plan's, not the old record's
             result = api.run(resume=spec.dir, data=data, progress=progress, rounds=cfg["rounds"], **keep)
         else:
             result = api.run(cfg, data=data, progress=progress)

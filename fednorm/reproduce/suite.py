@@ -23,8 +23,20 @@ number lives in Python::
     columns: [{id: phi0.6, label: "φ = 0.6", set: {alpha: 0.6}}, {id: mnist, metric: "client:mnist"}, ...]
     cells:                        # row -> column -> the paper's number, or a mapping:
       bn: {phi0.6: 75.82}         #   {paper: 80, approx: true, note: ..., set: {...}, skip: "why"}
-    notes: [...]                  # differences from the paper, printed in the report
+    notes: [...]                  # remarks printed in the report (setting differences go in settings:)
     extra_tests: [f.npz]          # test-set files in the data folder every finished full-scale run is also scored on
+    paper_statistic:              # what the paper's number is, so the report computes ours the same way
+      kind: final                 #   final | best | last_mean, or a list of candidates when the paper does not say
+      evaluations: 10             #   last_mean: the mean of this many last evaluations
+      eval_every: 1               #   best/last_mean: the paper's (or its code's) evaluation cadence, in rounds
+      runs: 5                     #   the paper's number is a mean over this many runs (omit if not stated)
+      source: "spec/... §..."     #   where the paper, its code or the spec says so
+      note: ...                   #   optional
+    settings:                     # every setting where our run differs from the paper, or the paper from its code
+      - {setting: ..., paper: ..., code: ..., ours: ..., effect: ..., source: "spec/... §...", option: ...}
+
+A cell may name its own ``statistic:`` (one of the kinds) where the paper's number for it is another
+statistic than the table's (FBN's prose gives best-case figures beside Fig. 3a's final accuracies).
 
 A cell's config is ``base``, then (reduced) ``reduced.set``, the column's ``set``, the row's
 ``set``, the cell's ``set``, then (reduced) ``reduced.rows[row]`` and ``reduced.columns[column]``;
@@ -51,6 +63,9 @@ __all__ = [
     "PAPERS",
     "SCALES",
     "STATS",
+    "PAPER_STATS",
+    "PaperStatistic",
+    "Setting",
     "Row",
     "Column",
     "Cell",
@@ -66,15 +81,19 @@ __all__ = [
 PAPERS = ("hbn", "fedtan", "fbn", "ln", "fedbn")
 SCALES = ("full", "reduced")
 STATS = ("final", "best", "last10")
+PAPER_STATS = ("final", "best", "last_mean")
 METRICS = ("test_accuracy", "mean_client_accuracy")
 ENV_CONFIGS = "FEDNORM_REPRODUCE_CONFIGS"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TABLE_KEYS = {"paper", "table", "title", "source", "claim", "metric", "compare", "seeds", "base", "reduced",
-               "rows", "columns", "cells", "notes", "extra_tests"}
+               "rows", "columns", "cells", "notes", "extra_tests", "paper_statistic", "settings"}
 _REDUCED_KEYS = {"description", "set", "data_subset", "rows", "columns", "seeds"}
 _ROW_KEYS = {"id", "label", "set", "seeds"}
 _COLUMN_KEYS = {"id", "label", "set", "metric"}
-_CELL_KEYS = {"paper", "approx", "note", "set", "skip"}
+_CELL_KEYS = {"paper", "approx", "note", "set", "skip", "statistic"}
+_PAPER_STAT_KEYS = {"kind", "evaluations", "eval_every", "runs", "source", "note"}
+_SETTING_REQUIRED = ("setting", "paper", "code", "ours", "effect", "source")
+_SETTING_KEYS = set(_SETTING_REQUIRED) | {"option"}
 
 
 def configs_root() -> Path:
@@ -125,12 +144,73 @@ class Cell:
     note: str | None = None
     set: dict[str, Any] = field(default_factory=dict)
     skip: str | None = None
+    statistic: str | None = None
+    """The paper's statistic for this cell where it is not the table's (one of :data:`PAPER_STATS`)."""
 
     @property
     def paper_display(self) -> str:
         if self.paper is None:
             return self.paper_text or "—"
         return f"{'≈' if self.approx else ''}{self.paper:.2f}"
+
+
+@dataclass(frozen=True)
+class PaperStatistic:
+    """What the paper's number is: which statistic of a run's accuracy curve, over how many runs.
+
+    ``kinds`` has one entry when the paper (or its code) says which; several when it does not
+    (HBN: the code logs the best and the mean of the last 10 evaluations, spec/000_hbn.md §5 row 11),
+    so the report computes ours each way.
+    """
+
+    kinds: tuple[str, ...]
+    source: str
+    evaluations: int | None = None
+    """``last_mean``: the mean of this many last evaluations."""
+    eval_every: int | None = None
+    """How often the paper's (or its code's) run evaluates, in rounds: decides whether our run,
+    evaluated at its own cadence, holds the same evaluations."""
+    runs: int | None = None
+    """The paper's number is a mean over this many runs; None: not stated."""
+    note: str | None = None
+
+    def cadence(self) -> str:
+        e = self.eval_every
+        return "every round" if e == 1 else f"every {e} rounds"
+
+    def describe(self, kind: str) -> str:
+        """One statistic in words."""
+        if kind == "final":
+            return "the accuracy after the last round"
+        if kind == "best":
+            return f"the best accuracy over the run's evaluations ({self.cadence()})"
+        span = (self.evaluations - 1) * (self.eval_every or 1)
+        return (f"the mean of the last {self.evaluations} evaluations ({self.cadence()}: rounds "
+                f"R−{span} to R of an R-round run)")
+
+    def words(self) -> str:
+        """The paper's statistic in words, with the runs it is averaged over."""
+        if len(self.kinds) == 1:
+            text = self.describe(self.kinds[0])
+        else:
+            text = "not stated; one of " + " or ".join(self.describe(k) for k in self.kinds)
+        if self.runs:
+            text += f", mean over {self.runs} runs" if self.runs > 1 else ", one run"
+        return text
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting where our run differs from the paper, or the paper from its released code."""
+
+    setting: str
+    paper: str
+    code: str
+    ours: str
+    effect: str
+    source: str
+    option: str | None = None
+    """How to run the paper's or the code's choice in fednorm, where that is possible."""
 
 
 @dataclass
@@ -154,9 +234,18 @@ class Table:
     path: Path
     extra_tests: list[str] = field(default_factory=list)
     """Test-set files (in the data folder) every finished full-scale run is also scored on (``fednorm evaluate``)."""
+    paper_statistic: PaperStatistic | None = None
+    settings: list[Setting] = field(default_factory=list)
 
     def cell(self, row: str, column: str) -> Cell:
         return self.cells.get((row, column)) or Cell(row, column)
+
+    def cell_statistics(self, row: str, column: str) -> tuple[str, ...]:
+        """The statistic(s) the paper's number of a cell is: the cell's own, else the table's."""
+        statistic = self.cell(row, column).statistic
+        if statistic is not None:
+            return (statistic,)
+        return self.paper_statistic.kinds if self.paper_statistic else ()
 
     def row(self, row_id: str) -> Row:
         return next(r for r in self.rows if r.id == row_id)
@@ -233,6 +322,77 @@ def _check_seeds(value: Any, path: Path, what: str) -> int | None:
     return value
 
 
+def _positive_int(value: Any, path: Path, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _fail(path, f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+def _text(value: Any, path: Path, what: str, required: bool = True) -> str | None:
+    if value is None and not required:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(path, f"{what} must be non-empty text, got {value!r}")
+    return value.strip()
+
+
+def _parse_paper_statistic(value: Any, path: Path) -> PaperStatistic | None:
+    if value is None:
+        return None
+    spec = _mapping(value, path, "paper_statistic")
+    unknown = sorted(set(spec) - _PAPER_STAT_KEYS)
+    if unknown:
+        raise _fail(path, f"paper_statistic has unknown keys {unknown}; valid: {', '.join(sorted(_PAPER_STAT_KEYS))}")
+    kinds = spec.get("kind")
+    kinds = [kinds] if isinstance(kinds, str) else kinds
+    if (not isinstance(kinds, list) or not kinds or len(set(map(str, kinds))) != len(kinds)
+            or any(k not in PAPER_STATS for k in kinds)):
+        raise _fail(path, f"paper_statistic.kind must be one of {', '.join(PAPER_STATS)} or a list of them, got {spec.get('kind')!r}")
+    stat = PaperStatistic(
+        kinds=tuple(kinds), source=_text(spec.get("source"), path, "paper_statistic.source"),
+        evaluations=_positive_int(spec.get("evaluations"), path, "paper_statistic.evaluations"),
+        eval_every=_positive_int(spec.get("eval_every"), path, "paper_statistic.eval_every"),
+        runs=_positive_int(spec.get("runs"), path, "paper_statistic.runs"),
+        note=_text(spec.get("note"), path, "paper_statistic.note", required=False),
+    )
+    _check_kinds_defined(stat, stat.kinds, path, "paper_statistic.kind")
+    if stat.evaluations is not None and "last_mean" not in stat.kinds:
+        raise _fail(path, "paper_statistic.evaluations belongs to kind last_mean; remove it or add last_mean to kind")
+    return stat
+
+
+def _check_kinds_defined(stat: PaperStatistic, kinds: tuple[str, ...], path: Path, what: str) -> None:
+    """``last_mean`` needs ``evaluations``; ``best`` and ``last_mean`` need ``eval_every``."""
+    if "last_mean" in kinds and stat.evaluations is None:
+        raise _fail(path, f"{what} last_mean needs paper_statistic.evaluations (how many last evaluations the paper averages)")
+    if any(k in ("best", "last_mean") for k in kinds) and stat.eval_every is None:
+        raise _fail(path, f"{what} {'/'.join(k for k in kinds if k != 'final')} needs paper_statistic.eval_every "
+                          "(how often the paper's run evaluates, in rounds)")
+
+
+def _parse_settings(value: Any, path: Path) -> list[Setting]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _fail(path, f"settings must be a list of mappings, got {type(value).__name__}")
+    out = []
+    for i, entry in enumerate(value):
+        entry = _mapping(entry, path, f"settings[{i}]")
+        unknown = sorted(set(entry) - _SETTING_KEYS)
+        if unknown:
+            raise _fail(path, f"settings[{i}] has unknown keys {unknown}; valid: {', '.join(sorted(_SETTING_KEYS))}")
+        missing = [k for k in _SETTING_REQUIRED if k not in entry]
+        if missing:
+            raise _fail(path, f"settings[{i}] misses {missing}; each entry states {', '.join(_SETTING_REQUIRED)}")
+        fields = {k: _text(entry[k], path, f"settings[{i}].{k}") for k in _SETTING_REQUIRED}
+        out.append(Setting(**fields, option=_text(entry.get("option"), path, f"settings[{i}].option", required=False)))
+    return out
+
+
 def _parse_cell(row: str, column: str, value: Any, path: Path) -> Cell:
     where = f"cells.{row}.{column}"
     if value is None:
@@ -252,9 +412,12 @@ def _parse_cell(row: str, column: str, value: Any, path: Path) -> Cell:
     skip = spec.get("skip")
     if skip is not None and (not isinstance(skip, str) or not skip.strip()):
         raise _fail(path, f"{where}.skip must be the reason, as text")
+    statistic = spec.get("statistic")
+    if statistic is not None and statistic not in PAPER_STATS:
+        raise _fail(path, f"{where}.statistic must be one of {', '.join(PAPER_STATS)}, got {statistic!r}")
     return Cell(row, column, paper=number, paper_text=paper if isinstance(paper, str) else None,
                 approx=bool(spec.get("approx", False)), note=spec.get("note"),
-                set=_mapping(spec.get("set"), path, f"{where}.set"), skip=skip)
+                set=_mapping(spec.get("set"), path, f"{where}.set"), skip=skip, statistic=statistic)
 
 
 def load_table(path: str | Path) -> Table:
@@ -330,8 +493,14 @@ def load_table(path: str | Path) -> Table:
     extra = spec.get("extra_tests") or []
     if not isinstance(extra, list) or not all(isinstance(n, str) and n.endswith(".npz") for n in extra):
         raise _fail(path, "extra_tests must be a list of .npz file names in the data folder")
+    paper_statistic = _parse_paper_statistic(spec.get("paper_statistic"), path)
+    for (rid, cid), cell in cells.items():
+        if cell.statistic is not None:
+            if paper_statistic is None:
+                raise _fail(path, f"cells.{rid}.{cid}.statistic needs the table's paper_statistic (its source and cadence)")
+            _check_kinds_defined(paper_statistic, (cell.statistic,), path, f"cells.{rid}.{cid}.statistic")
     return Table(
-        extra_tests=extra,
+        extra_tests=extra, paper_statistic=paper_statistic, settings=_parse_settings(spec.get("settings"), path),
         paper=paper, id=table_id, title=str(spec.get("title", table_id)), source=str(spec.get("source", "")),
         claim=str(spec.get("claim", "")), metric=_check_metric(spec.get("metric", "test_accuracy"), path, "metric"),
         compare=compare, seeds=_check_seeds(spec.get("seeds", 1), path, "seeds") or 1,
