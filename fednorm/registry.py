@@ -105,6 +105,7 @@ class Registry(Generic[T]):
             hint = f" Did you mean '{close[0]}'?" if close else ""
             raise UnknownNameError(
                 f"Unknown {self.kind} '{name}'.{hint} Valid {self.kind}s are: {', '.join(valid)}"
+                " (your own: fednorm --plugin MODULE)"
             ) from None
 
     def build(self, name: str, **config: Any) -> Any:

@@ -7,8 +7,9 @@ How a guide runs (the convention its readers are told too):
   an earlier one defined; the working directory is a fresh temporary folder, also on sys.path;
 * a ```python block whose first line is ``# file: NAME`` is a file the guide asks the reader to
   save: it is written to NAME in that folder instead of being run;
-* each line of a ```bash block that starts with ``python `` runs there as a subprocess (one
-  thread) and must exit 0; other blocks (```text, other commands) are shown, not run.
+* each line of a ```bash block that starts with ``python `` or ``fednorm `` runs there as a
+  subprocess (one thread; ``fednorm`` as ``python -m fednorm``) and must exit 0; other blocks
+  (```text, other commands) are shown, not run.
 
 The checks are the ``assert`` statements inside the blocks (exact identities in float64, runs
 that must learn, the method's shared/local split); tracebacks point at the guide's own lines.
@@ -53,10 +54,12 @@ def run_guide(path: Path, workdir: Path) -> int:
             ran += 1
         elif language == "bash":
             for command in code.splitlines():
-                if not command.startswith("python "):
+                if not command.startswith(("python ", "fednorm ")):
                     continue
                 env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(workdir), str(ROOT)])}
-                args = [sys.executable, *command.split()[1:]]
+                env.pop("FEDNORM_PLUGINS", None)
+                words = command.split("#", 1)[0].split()
+                args = [sys.executable, *(words[1:] if words[0] == "python" else ["-m", "fednorm", *words[1:]])]
                 proc = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
                 assert proc.returncode == 0, f"{path.name}:{line}: `{command}` exited {proc.returncode}:\n{proc.stderr[-3000:]}"
                 ran += 1

@@ -152,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Federated learning with normalization layers on non-IID data.",
     )
     parser.add_argument("--version", action="version", version=f"fednorm {__version__} (torch {_torch_version()}, Python {sys.version.split()[0]})")
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import MODULE (a module name or a .py file) first, so the methods, models, norms and datasets "
+                             "it registers can be named (repeatable; also FEDNORM_PLUGINS=a,b and the 'fednorm.plugins' "
+                             "entry points; docs/extending.md)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p_run = sub.add_parser("run", help="run one federated experiment", description="Run one federated experiment.")
@@ -870,6 +874,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a one-line argparse error (already printed)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_BAD_INPUT)
+    from ..plugins import export_to_environment, load_plugins
+
+    try:  # before any config is read: a plugin's method, model, norm or dataset can then be named
+        load_plugins(args.plugin)
+    except FednormError as exc:
+        print(f"fednorm: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    export_to_environment(args.plugin)  # the processes fednorm starts load them too
     if args.command is None:
         parser.print_help()
         return 0

@@ -53,6 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     own = argparse.ArgumentParser(prog="python -m fednorm.distributed", add_help=False)
     add_worker_options(own)
     known, rest = own.parse_known_args(argv)
+    from ..plugins import load_plugins
+
+    load_plugins()  # FEDNORM_PLUGINS, set by the launcher's --plugin, and the entry points
     args = build_parser().parse_args(["run", *rest])
     try:
         init_distributed(known.backend, known.timeout)

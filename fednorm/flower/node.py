@@ -41,6 +41,9 @@ def _experiment(config_text: str) -> Simulation:
     sim = _cache.get(key)
     if sim is None:
         _cache.clear()
+        from ..plugins import load_plugins
+
+        load_plugins()  # a plugin's method or model, named in the config (FEDNORM_PLUGINS on the SuperNode)
         sim = _cache[key] = Simulation(ExperimentConfig(**json.loads(config_text)))
     return sim
 

@@ -69,6 +69,9 @@ def config_from_run_config(run_config: Mapping[str, Any], base: Path | None = No
     path = str(run_config.get("config") or "")
     if path and not Path(path).is_absolute() and base is not None and (base / path).is_file():
         path = str(base / path)
+    from ..plugins import load_plugins
+
+    load_plugins()  # a plugin's method or model, named in the run config (FEDNORM_PLUGINS)
     return load_config(Path(path) if path else None, overrides)
 
 

@@ -83,6 +83,9 @@ def run_all(
 def _process_main(payload: dict[str, Any], conn: Any) -> None:
     """A worker process: one run; sends ``("ok", outcome)`` or ``("raise", exception)`` back."""
     try:
+        from ..plugins import load_plugins
+
+        load_plugins()  # the suite's plugins, from FEDNORM_PLUGINS (spawned processes import nothing else)
         message: tuple[str, Any] = ("ok", _work(payload))
     except BaseException as exc:  # noqa: BLE001 - the suite decides (bad input propagates, a second signal is a stop)
         try:
