@@ -12,14 +12,28 @@ resume from Python, where the data given is checked against the fingerprint.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Protocol, Sequence
 
 import torch
 
 from ..errors import DatasetError
 
-if TYPE_CHECKING:
-    from .federated import FederatedData
+
+class FederatedData(Protocol):
+    """What provenance reads of :class:`fednorm.data.federated.FederatedData` (which imports this
+    module, so this one names only the fields)."""
+
+    info: Any
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    client_train: Sequence[torch.Tensor]
+    client_test: Sequence[torch.Tensor]
+    augment: Any
+
+    @property
+    def num_classes(self) -> int: ...
 
 __all__ = ["USER_PREFIX", "DATA_FIELDS", "data_recipe", "fingerprint", "describe_data", "is_user_dataset",
            "user_data_error"]
@@ -39,7 +53,7 @@ def is_user_dataset(name: str) -> bool:
     return name.split(":", 1)[0].strip().lower() == USER_PREFIX and ":" in name
 
 
-def fingerprint(data: "FederatedData") -> str:
+def fingerprint(data: FederatedData) -> str:
     """A content hash of the samples, labels, client splits and augmentation flag (BLAKE2b, 128 bits).
 
     Samples are hashed as stored (dtype and values), so the same tensors passed again give the same
@@ -58,7 +72,7 @@ def fingerprint(data: "FederatedData") -> str:
     return "blake2b:" + h.hexdigest()
 
 
-def describe_data(data: "FederatedData") -> dict[str, Any]:
+def describe_data(data: FederatedData) -> dict[str, Any]:
     """What a run records about data given from Python: enough to recognise it again."""
     return {
         "name": data_name(data),
@@ -70,7 +84,7 @@ def describe_data(data: "FederatedData") -> dict[str, Any]:
     }
 
 
-def data_name(data: "FederatedData") -> str:
+def data_name(data: FederatedData) -> str:
     name = getattr(data, "name", None) or getattr(data.info, "name", None) or "data"
     return str(name).replace(":", "_").strip() or "data"
 
@@ -83,7 +97,7 @@ def user_data_error(name: str, run_dir: str | None = None) -> DatasetError:
         f"fednorm.run(resume='{where}', data=...) (checked against its fingerprint)")
 
 
-def check_same_data(recorded: Mapping[str, Any], data: "FederatedData", run_dir: str) -> None:
+def check_same_data(recorded: Mapping[str, Any], data: FederatedData, run_dir: str) -> None:
     """Refuse ``data`` unless it is the data the run at ``run_dir`` recorded (its fingerprint)."""
     from ..errors import ConfigError
 
