@@ -390,7 +390,7 @@ class VectorizedExecutor(Executor):
 
                 method.stacked_client_gradient(ctx, params, buffers, working, closure)
             step_lr = lr if row_lr is None else (row_lr if kw == k else row_lr.index_select(0, working))
-            self._sgd_step(params, momentum, started, list(range(kw)), step_lr)
+            self._sgd_step(params, momentum, started, step_lr)
             started[:] = True
         set_client_comm(net, None)
         set_frozen_statistics(net, False)
@@ -476,7 +476,7 @@ class VectorizedExecutor(Executor):
             loss_sum[i] += float(losses[j].detach()) * len(ys[j])
             seen[i] += len(ys[j])
             steps[i] += 1
-        self._sgd_step(params, momentum, started, list(range(len(rows))), lr)
+        self._sgd_step(params, momentum, started, lr)
         started[:] = True
 
     def _round_batch(self, t: int) -> int | None:
@@ -538,9 +538,10 @@ class VectorizedExecutor(Executor):
         return out
 
     @torch.no_grad()
-    def _sgd_step(self, params, momentum, started, stepped: list[int], lr: float | torch.Tensor) -> None:
-        """``torch.optim.SGD`` (or DSGD's dampened momentum) for the clients in ``stepped`` only;
-        ``lr`` a float, or a ``[K]`` tensor of each row's learning rate."""
+    def _sgd_step(self, params, momentum, started, lr: float | torch.Tensor) -> None:
+        """``torch.optim.SGD`` (or DSGD's dampened momentum) for every row of the working set (the
+        executor drops a client from it once its batches run out); ``started``: which rows' momentum
+        recursion has begun; ``lr`` a float, or a ``[K]`` tensor of each row's learning rate."""
         if isinstance(lr, torch.Tensor):
             per_row = lr
 
@@ -565,7 +566,7 @@ class VectorizedExecutor(Executor):
                 if p.grad is not None:
                     p.grad.mul_(coef.view(k, *([1] * (p.dim() - 1))).to(p.dtype))
         beta = spec.momentum
-        if len(stepped) == k and (started.all() or not started.any()):
+        if bool(started.all()) or not bool(started.any()):
             # Fast path: every client steps and all are at the same point of the momentum recursion.
             first = not bool(started.any())
             if beta and not first and not spec.dsgd and not spec.weight_decay and all(
@@ -599,13 +600,10 @@ class VectorizedExecutor(Executor):
                 else:
                     p.add_(g, alpha=-lr)
             return
-        rows = torch.tensor(stepped, device=started.device)
-        active = torch.zeros(k, dtype=torch.bool, device=started.device)
-        active[rows] = True
+        # Rows at different points of the momentum recursion (a client whose first step this is)
         for name, p in params.items():
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             shape = (k, *([1] * (p.dim() - 1)))
-            mask = active.view(shape)
             if spec.weight_decay:
                 g = g.add(p, alpha=spec.weight_decay)
             if spec.dsgd:
@@ -613,17 +611,12 @@ class VectorizedExecutor(Executor):
                 first = (~started).view(shape)
                 if prev is None:
                     prev = torch.zeros_like(p)
-                new_m = g.clone() if beta == 0 else torch.where(first, (1 - beta) * g, beta * prev + (1 - beta) * g)
-                momentum[name] = torch.where(mask, new_m, prev)
+                momentum[name] = g.clone() if beta == 0 else torch.where(first, (1 - beta) * g, beta * prev + (1 - beta) * g)
                 step = momentum[name]
             elif beta:
                 prev = momentum[name]
-                if prev is None:
-                    new_m = g.clone()
-                else:
-                    new_m = torch.where((~started).view(shape), g, prev * beta + g)
-                momentum[name] = new_m if prev is None else torch.where(mask, new_m, prev)
+                momentum[name] = g.clone() if prev is None else torch.where((~started).view(shape), g, prev * beta + g)
                 step = momentum[name]
             else:
                 step = g
-            p.copy_(torch.where(mask, descend(p, step), p))
+            p.copy_(descend(p, step))
