@@ -298,3 +298,28 @@ def test_committed_run_directories_are_read_with_the_current_configs(paper: str,
     stale = [s for t in results["tables"] for c in t["cells"] for s in c["stale"]]
     assert not stale, stale[:2]
     assert any(c["runs"] for t in results["tables"] for c in t["cells"])
+
+
+def test_welch_interval_against_an_independent_computation() -> None:
+    """Welch's interval of the report equals the textbook formula computed here with numpy and
+    scipy's t quantile; the verdict follows the interval."""
+    import numpy as np
+    from scipy import stats as st
+
+    from fednorm.reproduce.report import welch
+
+    a, b = [74.77, 74.45, 73.99], [74.13, 45.02, 73.84]
+    x, y = np.array(a), np.array(b)
+    va, vb = x.var(ddof=1) / 3, y.var(ddof=1) / 3
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 2)
+    half = st.t.ppf(0.975, df) * np.sqrt(va + vb)
+    got = welch(a, b)
+    assert got["diff"] == pytest.approx(x.mean() - y.mean(), abs=1e-12)
+    assert got["low"] == pytest.approx(x.mean() - y.mean() - half, abs=1e-9)
+    assert got["high"] == pytest.approx(x.mean() - y.mean() + half, abs=1e-9)
+    assert got["verdict"] == "not distinguishable" and got["n"] == [3, 3]
+    # scipy's own Welch test agrees: the interval excludes 0 exactly when p < 0.05
+    assert (got["low"] > 0 or got["high"] < 0) == (st.ttest_ind(x, y, equal_var=False).pvalue < 0.05)
+    far = welch([80.0, 81.0, 80.5], [70.0, 70.4, 69.8])
+    assert far["verdict"] == "ahead" and far["low"] > 0
+    assert welch([80.0, 81.0], [70.0]) is None  # one seed: no interval

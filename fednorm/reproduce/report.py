@@ -224,25 +224,54 @@ def summarize(values: Sequence[float]) -> dict[str, Any]:
     return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else None, "n": len(vals)}
 
 
+def welch(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> dict[str, Any] | None:
+    """Welch's interval for mean(a) − mean(b) over two sets of seeds (unequal variances,
+    Welch–Satterthwaite degrees of freedom); None with fewer than two values on either side.
+
+    ``verdict``: ``"ahead"`` / ``"behind"`` when the interval excludes 0, else
+    ``"not distinguishable"`` (at these seeds: more seeds narrow the interval)."""
+    from scipy.stats import t as student_t
+
+    a, b = [float(x) for x in a], [float(x) for x in b]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    diff = statistics.fmean(a) - statistics.fmean(b)
+    se = (va + vb) ** 0.5
+    if se == 0:
+        return {"diff": diff, "low": diff, "high": diff, "df": None, "n": [len(a), len(b)],
+                "verdict": "ahead" if diff > 0 else "behind" if diff < 0 else "not distinguishable"}
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = float(student_t.ppf(0.5 + level / 2, df)) * se
+    low, high = diff - half, diff + half
+    verdict = "ahead" if low > 0 else "behind" if high < 0 else "not distinguishable"
+    return {"diff": diff, "low": low, "high": high, "df": df, "n": [len(a), len(b)], "verdict": verdict}
+
+
 def ordering(cells: Sequence[Mapping[str, Any]], stat: str) -> dict[str, Any]:
-    """Whether our ranking of the rows agrees with the paper's, pair by pair, in one column.
+    """Whether our ranking of the rows agrees with the paper's, pair by pair, in one column, and
+    for each pair Welch's 95% interval of our difference over the seeds (:func:`welch`).
 
     Rows enter with a numeric paper value and a result; pairs the paper ties are left out.
     """
     rows = [c for c in cells if c.get("paper") is not None and (c.get("stats") or {}).get(stat, {}).get("mean") is not None]
     rows.sort(key=lambda c: -c["paper"])
-    pairs, flips = 0, []
+    pairs, flips, tests = 0, [], []
     for i, hi in enumerate(rows):
         for lo in rows[i + 1:]:
             if hi["paper"] == lo["paper"]:
                 continue
             pairs += 1
             ours_hi, ours_lo = hi["stats"][stat]["mean"], lo["stats"][stat]["mean"]
+            seeds = [[r[stat] for r in c["runs"] if r.get("status") == "completed" and r.get(stat) is not None] for c in (hi, lo)]
+            test = welch(*seeds)
+            if test is not None:
+                tests.append({"paper_higher": hi["row"], "paper_lower": lo["row"], **test})
             if not ours_hi > ours_lo:
                 flips.append({"paper_higher": hi["row"], "paper_lower": lo["row"], "paper": [hi["paper"], lo["paper"]],
                               "ours": [ours_hi, ours_lo]})
     return {"stat": stat, "rows": [c["row"] for c in rows], "pairs": pairs, "agree": pairs - len(flips),
-            "holds": (not flips) if pairs else None, "flips": flips}
+            "holds": (not flips) if pairs else None, "flips": flips, "tests": tests}
 
 
 def _cell_specs(table: Table, scale: str, out: Path, data_dir: str | None, overrides: Mapping[str, Any] | None) -> dict[tuple[str, str], RunSpec]:
@@ -502,6 +531,18 @@ def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
             if len(o["flips"]) > MAX_FLIPS:
                 flips += f"; and {len(o['flips']) - MAX_FLIPS} more (results.json)"
             lines.append(f"- {col['label']}: **does not hold** ({o['agree']} of {o['pairs']} pairs agree); reversed: {flips}")
+    tests = [(col, x) for col in t["columns"] for x in t["ordering"][col["id"]].get("tests", [])]
+    if tests:
+        lines += ["", f"**Differences over seeds** (the {STAT_LABEL[t['compare'][0]]}; ours, the row the paper ranks "
+                  "higher minus the lower; Welch's 95% interval over the completed seeds; pairs with at least two seeds "
+                  "on each side):", "", "| column | paper: higher > lower | ours: difference (95% interval) | seeds | verdict |",
+                  "|---|---|---:|---|---|"]
+        for col, x in tests:
+            verdict = {"ahead": "the paper's order, beyond the seeds' spread",
+                       "behind": "the reverse order, beyond the seeds' spread",
+                       "not distinguishable": f"not distinguishable at {x['n'][0]} and {x['n'][1]} seeds"}[x["verdict"]]
+            lines.append(f"| {col['label']} | {labels[x['paper_higher']]} > {labels[x['paper_lower']]} | "
+                         f"{x['diff']:+.2f} ({x['low']:+.2f} to {x['high']:+.2f}) | {x['n'][0]} / {x['n'][1]} | {verdict} |")
     if t["notes"]:
         lines += ["", "**Notes:**", ""] + [f"- {n}" for n in t["notes"]]
     if t.get("settings"):
