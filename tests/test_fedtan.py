@@ -94,6 +94,56 @@ def test_forward_only_sync_has_the_centralized_forward_but_not_its_gradient():
     assert deviation > 1e-3
 
 
+@pytest.mark.parametrize("sizes", [[6, 4, 6], [5, 5, 5]], ids=["unequal", "equal"])
+def test_forward_only_sync_gradient_is_each_clients_own_backward_through_the_union_statistics(sizes):
+    """What the forward-only gradient *is*: client i's gradient of its own loss through a plain
+    model whose every BatchNorm normalises with the union's mean and biased variance (values from
+    a centralized forward on the union batch) while its backward sees only the client's own
+    batch mean and its variance around the (constant) union mean. Computed here with plain
+    modules whose forward is rewritten, against the stacked model's synchronised step (float64)."""
+    torch.manual_seed(0)
+    model = get_model("simple_cnn", num_classes=4, in_channels=3, input_size=8, norm="bn").double()
+    xs, ys = _skewed_batches(sizes)
+    grads, _, _, _ = _client_gradients(model, xs, ys, backward=False)
+    bns = [n for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    assert len(bns) >= 2  # the union statistics of later layers depend on the earlier ones
+    union: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    central = copy.deepcopy(model).train()
+    modules = dict(central.named_modules())
+
+    def record(name):
+        def hook(mod, args):
+            x = args[0].detach()
+            dims = [0, *range(2, x.dim())]
+            union[name] = (x.mean(dims), x.var(dims, unbiased=False))
+        return hook
+
+    hooks = [modules[n].register_forward_pre_hook(record(n)) for n in bns]
+    with torch.no_grad():
+        central(torch.cat(xs))
+    for h in hooks:
+        h.remove()
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        net = copy.deepcopy(model).train()
+        for name, m in net.named_modules():
+            if name in union:
+                mu, var = union[name]
+
+                def forward(inp, m=m, mu=mu, var=var):
+                    dims = [0, *range(2, inp.dim())]
+                    shape = [1, -1, *([1] * (inp.dim() - 2))]
+                    own_mean = inp.mean(dims)
+                    own_var = ((inp - mu.view(shape)) ** 2).mean(dims)
+                    mean = own_mean + (mu - own_mean).detach()   # the union's value, the client's gradient
+                    v = own_var + (var - own_var).detach()
+                    return (inp - mean.view(shape)) * torch.rsqrt(v + m.eps).view(shape) * m.weight.view(shape) + m.bias.view(shape)
+
+                m.forward = forward
+        F.cross_entropy(net(x), y).backward()
+        for n, p in net.named_parameters():
+            torch.testing.assert_close(grads[n][i], p.grad, rtol=1e-9, atol=1e-12, msg=lambda m, n=n, i=i: f"client {i}, {n}: {m}")
+
+
 def test_identical_client_batches_make_every_scheme_centralized():
     """T4 (Property 1): when every client holds a permutation of the same batch, forward-only
     sync gives each client the centralized gradient too."""
