@@ -179,7 +179,7 @@ def test_server_optimizer_composition_keeps_the_stacked_hooks(method, norm, args
 def test_hbn_statistics_query_stacked_equals_one_client_at_a_time(partition, preset, monkeypatch):
     """The evaluation re-sync / round T+1 query answered in stacked chunks (several clients per
     chunk and several forwards per batch index) equals each client's own pass."""
-    import fednorm.nn.stacked as stacked
+    import fednorm.nn.stacked.hbn as stacked
 
     kw = dict(method="hbn", norm="hbn", partition=partition, method_args={"preset": preset, "stats_batch_size": 16})
     if partition == "dirichlet":

@@ -10,7 +10,7 @@ __all__ = ["add_parser", "command"]
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("evaluate", help="score a run's latest model on another test set (accuracy with a 95% interval)",
+    p = sub.add_parser("evaluate", help="score a run's latest model on another test set (accuracy with a 95%% interval)",
                        description="Evaluate RUN_DIR's latest checkpoint as the run evaluates it (the global model; HBN's "
                        "statistics re-synced) on the images of an .npz (uint8 x N×H×W×C, labels y), normalised as the "
                        "run's inputs, beside the run's own test set; writes RUN_DIR/evaluation.json.")

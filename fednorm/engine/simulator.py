@@ -2,7 +2,8 @@
 
 A round: sample clients (seeded per round), run their local training through an executor,
 let the method aggregate, account communication, evaluate every ``eval_every`` rounds.
-Server rounds start at 1, as in Flower.
+Server rounds start at 1, as in Flower. The evaluation phase and the run's summary are in
+:mod:`fednorm.engine.round_evaluation`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -32,6 +32,7 @@ from ..robust import get_aggregator, get_attack
 from .bank import ClientStateBank
 from .cost import prefers_sequential
 from .evaluation import evaluate
+from .round_evaluation import evaluate_global_model, evaluate_simulation, simulation_summary
 from .executor import SequentialExecutor
 from .vectorized import VectorizedExecutor
 from .local import LocalSpec
@@ -84,12 +85,6 @@ def _round_failure(server_round: int, answered: int, sampled: int, min_clients: 
     causes = "; ".join(f"{len(es)} {kind} (e.g. client {es[0]['client']}: {es[0]['detail']})" for kind, es in kinds.items())
     return RoundFailedError(f"round {server_round}: only {answered} of {sampled} sampled clients answered, fewer than "
                             f"min_clients={min_clients} ({causes or 'no client was sampled'})")
-
-
-def _fednorm_version() -> str:
-    from ..version import __version__  # not the package's __init__, which imports this module
-
-    return __version__
 
 
 @dataclass
@@ -492,7 +487,7 @@ class Simulation:
         return self.bank.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs to continue bit for bit (see :mod:`fednorm.engine.checkpoint`).
+        """Everything a resumed run needs to continue bit for bit (see ``fednorm.engine.checkpoint``).
 
         Random streams are derived from (seed, round, client), so no generator state is saved.
         """
@@ -565,47 +560,7 @@ class Simulation:
         each client is evaluated with its own model on its split, and ``test_accuracy`` is the
         sample-weighted accuracy over all clients' splits.
         """
-        data = self.data
-        start = time.perf_counter()
-        if state is None:
-            state = self.method.evaluation_state(self)
-        client_acc: list[float | None]
-        if self.method.personalized:
-            with_test = [cid for cid in range(data.num_clients) if len(data.client_test[cid])]
-            answers = self.query_clients(with_test, "evaluate", state)
-            client_acc = [None] * data.num_clients
-            correct = total = 0.0
-            loss_sum = 0.0
-            for cid in with_test:  # in client order, so the sums do not depend on where clients ran
-                a = answers[cid]
-                client_acc[cid] = float(a["correct"]) / float(a["num"])
-                correct += float(a["correct"])
-                total += float(a["num"])
-                loss_sum += float(a["loss_sum"])
-            test_acc = correct / total if total else math.nan
-            test_loss = loss_sum / total if total else math.nan
-        else:
-            test_acc, test_loss, client_acc = self.evaluate_global(state)
-        valid = [a for a in client_acc if a is not None]
-        elapsed = time.perf_counter() - start
-        self.wall_seconds += elapsed
-        self.eval_seconds += elapsed
-        return {
-            "test_accuracy": test_acc,
-            "test_loss": test_loss,
-            "mean_client_accuracy": float(np.mean(valid)) if valid else math.nan,
-            "client_accuracies": client_acc,
-            **self._domain_record(client_acc),
-        }
-
-    def _domain_record(self, client_acc: list[float | None]) -> dict[str, Any]:
-        """Feature shift (one source per client): each domain's accuracy (fednorm/domain_results.py)."""
-        data = self.data
-        if data.client_domain is None or data.domain_names is None:
-            return {}
-        from ..domain_results import domain_accuracies
-
-        return {"domain_accuracies": domain_accuracies([data.domain_names[d] for d in data.client_domain], client_acc)}
+        return evaluate_simulation(self, state)
 
     def _compiled_forward(self) -> Any:
         """``torch.compile`` of the working model for evaluation (``eval_compile``), built once."""
@@ -618,63 +573,10 @@ class Simulation:
     def evaluate_global(self, state: dict[str, torch.Tensor]) -> tuple[float, float, list[float | None]]:
         """Accuracy and loss of the global model on the whole test set, and each client's accuracy
         on its own test split (slices of the same predictions)."""
-        data = self.data
-        cfg = self.config
-        model = self.global_model(state)
-        start = time.perf_counter()
-        res = evaluate(model, data.test_x, data.test_y, batch_size=cfg.eval_batch_size,
-                       channels_last=self.spec.channels_last, forward=self._compiled_forward(), pad_last=cfg.eval_compile,
-                       autocast=torch.bfloat16 if cfg.eval_autocast == "bfloat16" else None)
-        if cfg.eval_compile and self.eval_compile_seconds is None:
-            self.eval_compile_seconds = time.perf_counter() - start  # the first compiled evaluation: compiles
-        client_acc = [float(res.correct[ix].double().mean()) if len(ix) else None for ix in data.client_test]
-        return res.accuracy, res.loss, client_acc
+        return evaluate_global_model(self, state)
 
     # -- summary ----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        accs = [h["test_accuracy"] for h in self.history]
-        last = self.history[-1] if self.history else {}
-        best_i = int(np.nanargmax(accs)) if accs and not all(math.isnan(a) for a in accs) else None
-        cfg = self.config
-        return {
-            "method": cfg.method,
-            "norm": cfg.norm,
-            "model": cfg.model,
-            "dataset": cfg.dataset,
-            "partition": cfg.partition,
-            "num_clients": cfg.num_clients,
-            "clients_per_round": cfg.sampled_per_round,
-            "seed": cfg.seed,
-            "rounds": self.server_round,
-            "final_test_accuracy": last.get("test_accuracy"),
-            "final_test_loss": last.get("test_loss"),
-            "best_test_accuracy": accs[best_i] if best_i is not None else None,
-            "best_round": self.history[best_i]["round"] if best_i is not None else None,
-            "last10_mean_test_accuracy": float(np.mean(accs[-10:])) if accs else None,
-            "final_mean_client_accuracy": last.get("mean_client_accuracy"),
-            "final_client_accuracies": last.get("client_accuracies"),
-            "final_domain_accuracies": last.get("domain_accuracies"),
-            "client_sources": (  # feature shift: the data source of each client
-                [self.data.domain_names[d] for d in self.data.client_domain]
-                if self.data.client_domain is not None and self.data.domain_names is not None else None
-            ),
-            "wall_seconds": self.wall_seconds,
-            "samples_trained": self.samples_trained,
-            "samples_per_second": self.samples_trained / self.wall_seconds if self.wall_seconds else None,
-            "eval_seconds": self.eval_seconds,
-            "eval_fraction": self.eval_seconds / self.wall_seconds if self.wall_seconds else None,
-            "uplink_bytes": self.uplink_bytes,
-            "downlink_bytes": self.downlink_bytes,
-            "downlink_bytes_broadcast": self.downlink_bytes_broadcast,
-            "comm_rounds": self.comm_rounds,
-            "executor": self.executor.name,
-            "executor_note": self.executor_note,
-            "eval_compile_seconds": self.eval_compile_seconds,
-            "threads": torch.get_num_threads(),
-            "torch_version": torch.__version__,
-            "fednorm_version": _fednorm_version(),
-            "personalized": bool(self.method.personalized),  # evaluated per client (FedBN): not one global model
-            "method_summary": self.method.summary(),
-            "method_report": self.method.report(self),
-            "dropped_clients": dict(self.dropped),
-        }
+        """The run's figures for ``summary.json``: final, best and last-10 accuracy, traffic,
+        timing, the executor and the method's own report."""
+        return simulation_summary(self)

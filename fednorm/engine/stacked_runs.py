@@ -385,7 +385,7 @@ def run_stacked(configs: Sequence[ExperimentConfig], *, resume: Sequence[str | P
 
 class _StopFile:
     """The runs' stop request: each run's thread reads the stop file of ``FEDNORM_STOP_FILE`` after
-    every round (:class:`fednorm.api._StopRequest`); signals reach only the main thread, which
+    every round (``fednorm.api.stop.StopRequest``); signals reach only the main thread, which
     writes it. A second signal stops every run at once."""
 
     def __enter__(self) -> "_StopFile":

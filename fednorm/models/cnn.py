@@ -1,7 +1,8 @@
 """The small CNNs of the papers: HBN's Simple-CNN, FedBN's digits CNN, FBN's CNN, the LN paper's CNN.
 
-Each follows its spec note layer by layer, with the normalization replaced by ``norm_layer``
-(``"bn"`` reproduces the papers' BN models, ``"gn"``/``"ln"``/``"none"`` their baselines). Where
+Each follows its paper layer by layer, with the normalization replaced by ``norm_layer``
+(``"bn"`` reproduces the papers' BN models, ``"gn"``/``"ln"``/``"none"`` their baselines). Every
+conv or linear layer with its norm and ReLU (and pooling) is one :func:`_block`. Where
 the papers fix 32×32 (CIFAR) or 28×28 (digits) inputs, flatten sizes are computed from
 ``input_size`` instead; on small inputs a 2×2 max-pool that would shrink a map below 1×1 is
 skipped (:func:`~fednorm.models.base.maybe_max_pool`), so every model also runs on 8×8 digits.
@@ -20,9 +21,26 @@ from .registry import register_model
 
 __all__ = ["SimpleCNN", "FedBNCNN", "FBNCNN", "LNCNN", "simple_cnn", "fedbn_cnn", "fbn_cnn", "ln_cnn"]
 
+BlockOrder = Literal["norm_act", "act_norm"]
+
+
+def _block(
+    layer: nn.Module, norm: nn.Module, *, order: BlockOrder = "norm_act", tail: Sequence[nn.Module] = ()
+) -> list[nn.Module]:
+    """``layer → norm → ReLU`` (``"norm_act"``) or ``layer → ReLU → norm`` (``"act_norm"``), then ``tail``.
+
+    The papers differ only in where the norm sits relative to the activation (HBN and FedBN put
+    it before, FBN and the LN paper after), so every model's blocks come from here. ``layer`` and
+    ``norm`` are built by the caller, which keeps the construction order (and so the seeded
+    initialisation) of the layers the models had before; the returned list is spliced into an
+    ``nn.Sequential``, so state-dict keys stay ``features.<index>.*``.
+    """
+    act = nn.ReLU(inplace=True)
+    return [layer, *((norm, act) if order == "norm_act" else (act, norm)), *tail]
+
 
 class SimpleCNN(ClassifierModel):
-    """HBN's Simple-CNN (spec/000_hbn.md §2.2; HBN Table 7, code ``Nets.py SimpleCNN``).
+    """HBN's Simple-CNN (Chen et al. 2025, "Hybrid Batch Normalisation", App. B.1, Table 7; ``Nets.py SimpleCNN``).
 
     Three blocks ``Conv2d(k3, s1, p1) → Norm → ReLU → MaxPool(2)`` with 16, 32 and 64 channels,
     then ``Linear(64·h·w → 128) → ReLU`` and the head ``Linear(128 → C)``. There is no norm in the
@@ -60,7 +78,7 @@ class SimpleCNN(ClassifierModel):
         channels = in_channels
         for width in (16, 32, 64):
             pool, hw = maybe_max_pool(hw)
-            layers += [nn.Conv2d(channels, width, 3, 1, 1), norm_layer(width), nn.ReLU(inplace=True), pool]
+            layers += _block(nn.Conv2d(channels, width, 3, 1, 1), norm_layer(width), tail=(pool,))
             channels = width
         layers.append(nn.Flatten())
         if fn_before_fc:
@@ -78,7 +96,7 @@ class SimpleCNN(ClassifierModel):
 
 
 class FedBNCNN(ClassifierModel):
-    """FedBN's digits CNN (spec/004_fedbn.md §2.1; FedBN Table 3, code ``nets/models.py DigitModel``).
+    """FedBN's digits CNN (Li et al. 2021, "FedBN", App. D.2, Table 3; code ``nets/models.py DigitModel``).
 
     ``Conv2d(k5, s1, p2)`` layers with 64, 64 and 128 channels, each followed by Norm and ReLU,
     with ``MaxPool(2)`` after the first two; then ``Linear(128·h·w → 2048) → Norm1d → ReLU →
@@ -109,15 +127,15 @@ class FedBNCNN(ClassifierModel):
         pool1, hw = maybe_max_pool(hw)
         pool2, hw = maybe_max_pool(hw)
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 64, 5, 1, 2), norm_layer(64), nn.ReLU(inplace=True), pool1,
-            nn.Conv2d(64, 64, 5, 1, 2), norm_layer(64), nn.ReLU(inplace=True), pool2,
-            nn.Conv2d(64, 128, 5, 1, 2), norm_layer(128), nn.ReLU(inplace=True),
+            *_block(nn.Conv2d(in_channels, 64, 5, 1, 2), norm_layer(64), tail=(pool1,)),
+            *_block(nn.Conv2d(64, 64, 5, 1, 2), norm_layer(64), tail=(pool2,)),
+            *_block(nn.Conv2d(64, 128, 5, 1, 2), norm_layer(128)),
             nn.Flatten(),
-        )  # fmt: skip
+        )
         self.fc = nn.Sequential(
-            nn.Linear(128 * hw[0] * hw[1], 2048), norm_layer(2048, spatial=False), nn.ReLU(inplace=True),
-            nn.Linear(2048, 512), norm_layer(512, spatial=False), nn.ReLU(inplace=True),
-        )  # fmt: skip
+            *_block(nn.Linear(128 * hw[0] * hw[1], 2048), norm_layer(2048, spatial=False)),
+            *_block(nn.Linear(2048, 512), norm_layer(512, spatial=False)),
+        )
         self.num_features = 512
         self.num_classes = num_classes
         self.head = nn.Linear(512, num_classes)
@@ -127,13 +145,14 @@ class FedBNCNN(ClassifierModel):
 
 
 class FBNCNN(ClassifierModel):
-    """FBN's CIFAR-10 CNN with the norm *after* ReLU (spec/002_fbn.md §6; FBN App. C, Table 1).
+    """FBN's CIFAR-10 CNN with the norm *after* ReLU (Guerraoui et al. 2024, "Overcoming the Challenges of
+    Batch Normalization in Federated Learning", App. C.1, Table 1).
 
     ``Conv(k3, p1) → ReLU → Norm`` with 64, 64 (→ MaxPool(2) → Dropout(0.25)), 128, 128
     (→ MaxPool(2) → Dropout(0.25)) channels, then ``Linear(128·h·w → 128) → ReLU`` and the head
     ``Linear(128 → C)``. On CIFAR the flattened map is 128×8×8 = 8192. With ``"bn"`` there are
-    4 BN layers, 768 running statistics and 1,310,922 parameters, all trainable (the spec's
-    [derived] count, which includes the conv biases); ``num_features`` is 128.
+    4 BN layers, 768 running statistics and 1,310,922 parameters, all trainable (our count from
+    the paper's Table 1, which includes the conv biases); ``num_features`` is 128.
 
     The paper ends with ``LogSoftmax`` and trains with NLL; this model returns logits, to be used
     with ``cross_entropy``, which equals ``nll_loss(log_softmax(logits))`` exactly.
@@ -165,11 +184,10 @@ class FBNCNN(ClassifierModel):
         channels = in_channels
         for width in (64, 128):
             pool, hw = maybe_max_pool(hw)
-            layers += [
-                nn.Conv2d(channels, width, 3, 1, 1), nn.ReLU(inplace=True), norm_layer(width),
-                nn.Conv2d(width, width, 3, 1, 1), nn.ReLU(inplace=True), norm_layer(width),
-                pool, nn.Dropout(dropout),
-            ]  # fmt: skip
+            layers += _block(nn.Conv2d(channels, width, 3, 1, 1), norm_layer(width), order="act_norm")
+            layers += _block(
+                nn.Conv2d(width, width, 3, 1, 1), norm_layer(width), order="act_norm", tail=(pool, nn.Dropout(dropout))
+            )
             channels = width
         self.features = nn.Sequential(*layers, nn.Flatten())
         self.fc = nn.Sequential(nn.Linear(channels * hw[0] * hw[1], 128), nn.ReLU(inplace=True))
@@ -182,7 +200,8 @@ class FBNCNN(ClassifierModel):
 
 
 class LNCNN(ClassifierModel):
-    """The LN paper's CIFAR CNN as in its released code (spec/003_ln_fn.md §2.2, ``CNN_CIFAR``).
+    """The LN paper's CIFAR CNN as in its released code (Zhang et al. 2024, "Understanding the Role of Layer
+    Normalization in Label-Skewed Federated Learning", App. C.1, Table 7; code ``CNN_CIFAR``).
 
     ``conv1(k5, 64) → ReLU → N0 → MaxPool(2) → conv2(k5, 64) → ReLU → N1 → MaxPool(2) →
     fc1(1600 → 384) → ReLU → N2 → fc2(384 → 192) → ReLU → N3 → head(192 → C)``: the classic
@@ -191,7 +210,7 @@ class LNCNN(ClassifierModel):
     FC norms use ``spatial=False``. ``num_features`` is 192, the FN dimension d.
 
     [code≠paper] The paper's Table 7 has a single FC layer (1600 → 384 → C, "28×28" inputs);
-    the default follows the code (spec §5 row 2), and ``fc_dims=(384,)`` gives the Table 7 net.
+    the default follows the code, and ``fc_dims=(384,)`` gives the Table 7 net.
 
     Convolutions are unpadded, as in the code (32 → 28 → 14 → 10 → 5; 64·5·5 = 1600). A
     convolution whose input is smaller than its 5×5 kernel (inputs below 14×14, e.g. 8×8 digits)
@@ -233,11 +252,7 @@ class LNCNN(ClassifierModel):
         norm_layer = get_norm_layer(norm_layer)
         final_norm = norm_layer if last_norm is None else get_norm_layer(last_norm)
         self.norm_position = norm_position
-
-        def act_norm(norm: nn.Module) -> list[nn.Module]:
-            relu = nn.ReLU(inplace=True)
-            return [relu, norm] if norm_position == "after" else [norm, relu]
-
+        order: BlockOrder = "act_norm" if norm_position == "after" else "norm_act"
         hw = to_hw(input_size)
         layers: list[nn.Module] = []
         channels = in_channels
@@ -245,14 +260,16 @@ class LNCNN(ClassifierModel):
             padding = 0 if min(hw) >= 5 else 2
             hw = (conv_out_size(hw[0], 5, 1, padding), conv_out_size(hw[1], 5, 1, padding))
             pool, hw = maybe_max_pool(hw)
-            layers += [nn.Conv2d(channels, 64, 5, 1, padding, bias=bias), *act_norm(norm_layer(64)), pool]
+            conv = nn.Conv2d(channels, 64, 5, 1, padding, bias=bias)
+            layers += _block(conv, norm_layer(64), order=order, tail=(pool,))
             channels = 64
         self.features = nn.Sequential(*layers, nn.Flatten())
         fc: list[nn.Module] = []
         width = channels * hw[0] * hw[1]
         for i, dim in enumerate(fc_dims):
+            # the norm is built before its linear layer, as it always was (construction order = seeded init)
             norm = (final_norm if i == len(fc_dims) - 1 else norm_layer)(dim, spatial=False)
-            fc += [nn.Linear(width, dim, bias=bias), *act_norm(norm)]
+            fc += _block(nn.Linear(width, dim, bias=bias), norm, order=order)
             width = dim
         self.fc = nn.Sequential(*fc)
         self.num_features = width
@@ -272,14 +289,14 @@ def simple_cnn(
     norm_layer: NormSpec = "bn",
     fn_before_fc: bool = False,
 ) -> SimpleCNN:
-    """HBN's Simple-CNN (spec/000_hbn.md §2.2); see :class:`SimpleCNN`."""
+    """HBN's Simple-CNN (Chen et al. 2025, App. B.1, Table 7); see :class:`SimpleCNN`."""
     return SimpleCNN(num_classes=num_classes, in_channels=in_channels, input_size=input_size, norm_layer=norm_layer,
                      fn_before_fc=fn_before_fc)
 
 
 @register_model()
 def fedbn_cnn(*, num_classes: int = 10, in_channels: int = 3, input_size: int | Sequence[int] = 28, norm_layer: NormSpec = "bn") -> FedBNCNN:
-    """FedBN's digits CNN with BN1d in the FC layers (spec/004_fedbn.md §2.1); see :class:`FedBNCNN`."""
+    """FedBN's digits CNN with BN1d in the FC layers (Li et al. 2021, App. D.2, Table 3); see :class:`FedBNCNN`."""
     return FedBNCNN(num_classes=num_classes, in_channels=in_channels, input_size=input_size, norm_layer=norm_layer)
 
 
@@ -292,7 +309,7 @@ def fbn_cnn(
     norm_layer: NormSpec = "bn",
     dropout: float = 0.25,
 ) -> FBNCNN:
-    """FBN's 4-conv CNN, norm after ReLU (spec/002_fbn.md §6); see :class:`FBNCNN`."""
+    """FBN's 4-conv CNN, norm after ReLU (Guerraoui et al. 2024, App. C.1, Table 1); see :class:`FBNCNN`."""
     return FBNCNN(num_classes=num_classes, in_channels=in_channels, input_size=input_size, norm_layer=norm_layer, dropout=dropout)
 
 
@@ -308,7 +325,7 @@ def ln_cnn(
     norm_position: Literal["after", "before"] = "after",
     last_norm: NormSpec = None,
 ) -> LNCNN:
-    """The LN paper's CNN as in its code (spec/003_ln_fn.md §2.2); see :class:`LNCNN`."""
+    """The LN paper's CNN as in its code (Zhang et al. 2024, App. C.1, Table 7 and ``CNN_CIFAR``); see :class:`LNCNN`."""
     return LNCNN(
         num_classes=num_classes,
         in_channels=in_channels,

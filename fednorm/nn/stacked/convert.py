@@ -1,0 +1,159 @@
+"""The converter: :func:`stack_model` turns a network into its stacked form, layer by layer, and
+verifies the stacked forward against the base model client by client before it is used."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from .fbn import StackedFederatedBatchNorm
+from .hbn import StackedHybridBatchNorm
+from .layers import ClientPadShortcut, StackedConv2d, StackedLinear, StackedScaledStdConv2d, StackedStdConv2d
+from .layout import NotStackableError, from_client_layout, to_client_layout
+from .norms import ClientFeatureNorm, StackedBatchNorm, StackedGroupNorm
+
+__all__ = ["stack_model"]
+
+
+# Modules without tensors of their own that act per channel or element-wise.
+_PASSTHROUGH = (
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.ELU,
+    nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d,
+    nn.Dropout, nn.Dropout2d, nn.Identity, nn.Flatten,
+)
+
+
+def _convert(module: nn.Module, k: int) -> nn.Module:
+    from ...models.resnet import PadShortcut
+    from ..weight_std import ScaledStdConv2d, StdConv2d
+
+    if isinstance(module, ScaledStdConv2d):
+        return StackedScaledStdConv2d(module, k)
+    if isinstance(module, StdConv2d):
+        return StackedStdConv2d(module, k)
+    if isinstance(module, nn.Conv2d):
+        if type(module) is not nn.Conv2d:  # a subclass changes the forward: stacking it as a plain conv would be wrong
+            raise NotStackableError(f"{type(module).__name__} has no stacked version yet")
+        return StackedConv2d(module, k)
+    if isinstance(module, nn.Linear):
+        return StackedLinear(module, k)
+    from ..fbn import FederatedBatchNorm
+    from ..hbn import HybridBatchNorm
+
+    if isinstance(module, FederatedBatchNorm):
+        return StackedFederatedBatchNorm(module, k)
+    if isinstance(module, HybridBatchNorm):
+        return StackedHybridBatchNorm(module, k)
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        if type(module) not in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm):
+            # A subclass (e.g. HBN) changes the forward; treating it as BN would be silently wrong.
+            raise NotStackableError(f"{type(module).__name__} has no stacked version yet")
+        return StackedBatchNorm(module, k)
+    if isinstance(module, nn.GroupNorm):
+        return StackedGroupNorm(module, k)
+    if isinstance(module, PadShortcut):
+        return ClientPadShortcut(module)
+    from ..feature_norm import FeatureNorm, FeatureNormClassifier
+
+    if isinstance(module, FeatureNorm):
+        return ClientFeatureNorm(module)
+    if isinstance(module, FeatureNormClassifier):
+        # The wrapper shares its wrapped model's children: convert those once, re-register them.
+        inner = _convert(module.model, k)
+        for name, child in inner.named_children():
+            setattr(module, name, child)
+        module.feature_norm = ClientFeatureNorm(module.feature_norm)
+        return module
+    if isinstance(module, nn.Flatten) and module.start_dim != 1:
+        raise NotStackableError(f"Flatten(start_dim={module.start_dim}) is not supported")
+    own = list(module._parameters.values()) + list(module._buffers.values())
+    if any(t is not None for t in own) and not isinstance(module, _PASSTHROUGH):
+        raise NotStackableError(
+            f"{type(module).__name__} holds tensors of its own and has no stacked version"
+        )
+    for name, child in module.named_children():
+        setattr(module, name, _convert(child, k))
+    return module
+
+
+def stack_model(
+    model: nn.Module, num_clients: int, *, example_input: torch.Tensor | None = None, verify: bool = True
+) -> nn.Module:
+    """A stacked copy of ``model`` holding ``num_clients`` clients (the model is not modified).
+
+    Args:
+        model: a network built from supported layers (every model in ``fednorm.models``).
+        num_clients: the client count K.
+        example_input: a ``[B, C, H, W]`` batch used to verify the stacked forward against
+            the base model, client by client, in train and eval mode. Required when ``verify``.
+        verify: run the verification (recommended; it costs two small forward passes).
+
+    Raises:
+        NotStackableError: a module has no stacked version, or the verification failed.
+    """
+    stacked = _convert(copy.deepcopy(model), num_clients)
+    keys_base = {k: v.shape for k, v in model.state_dict().items()}
+    keys_stacked = {k: v.shape for k, v in stacked.state_dict().items()}
+    if set(keys_base) != set(keys_stacked):
+        raise NotStackableError(f"stacked state keys differ: {sorted(set(keys_base) ^ set(keys_stacked))}")
+    for key, shape in keys_base.items():
+        if keys_stacked[key] != (num_clients, *shape):
+            raise NotStackableError(f"stacked '{key}' has shape {tuple(keys_stacked[key])}, expected {(num_clients, *shape)}")
+    if verify:
+        if example_input is None:
+            raise ValueError("example_input is required to verify the stacked model")
+        _verify(model, stacked, num_clients, example_input)
+    return stacked
+
+
+def _train_without_dropout(model: nn.Module, training: bool) -> None:
+    """Train/eval mode, with dropout off: its random masks cannot match across layouts."""
+    model.train(training)
+    for m in model.modules():
+        if isinstance(m, (nn.Dropout, nn.Dropout2d)):
+            m.eval()
+
+
+@torch.no_grad()
+def _verify(model: nn.Module, stacked: nn.Module, k: int, x: torch.Tensor) -> None:
+    """Perturb each client's copy differently and compare the stacked forward with the base one."""
+    # In float64 so rounding (1e-12) cannot be mistaken for a layout error (O(1)).
+    base = copy.deepcopy(model).double().cpu()
+    probe = copy.deepcopy(stacked).double().cpu()
+    x = x.detach().double().cpu()
+    gen = torch.Generator().manual_seed(1234)
+    client_states = []
+    for i in range(k):
+        state = {}
+        for name, t in base.state_dict().items():
+            if t.is_floating_point():
+                noise = torch.randn(t.shape, generator=gen, dtype=t.dtype) * 0.05 * (i + 1)
+                state[name] = t + noise.to(t.device)
+            else:
+                state[name] = t.clone()
+        client_states.append(state)
+    stacked_state = {name: torch.stack([s[name] for s in client_states]) for name in client_states[0]}
+    xs = torch.stack([x + 0.1 * i for i in range(k)])  # each client its own batch
+    for training in (False, True):
+        probe.load_state_dict(stacked_state)
+        _train_without_dropout(probe, training)
+        try:
+            out = from_client_layout(probe(to_client_layout(xs)), k)
+        except (RuntimeError, ValueError) as exc:
+            if isinstance(exc, NotStackableError):
+                raise
+            raise NotStackableError(f"the stacked forward fails: {exc}") from None
+        for i in range(k):
+            ref_model = copy.deepcopy(base)
+            ref_model.load_state_dict(client_states[i])
+            _train_without_dropout(ref_model, training)
+            ref = ref_model(xs[i])
+            if out[i].shape != ref.shape or not torch.allclose(out[i], ref, rtol=1e-7, atol=1e-8):
+                err = (out[i] - ref).abs().max().item() if out[i].shape == ref.shape else float("nan")
+                raise NotStackableError(
+                    f"the stacked forward differs from the model's own forward for client {i} "
+                    f"({'train' if training else 'eval'} mode, max error {err:.3g}); its forward code "
+                    "probably mixes channels of different clients (e.g. torch.cat on channels)"
+                )
