@@ -1,4 +1,4 @@
-"""fednorm's Flower ClientApp: every handler runs :func:`fednorm.flower.node.handle`.
+"""fednorm's Flower ClientApp: every handler runs ``fednorm.flower.node.handle``.
 
 Message types: ``"train"`` (local training of the node's clients of the round),
 ``"evaluate"`` (personalised evaluation), ``"query"`` (a method's client query, e.g. HBN's

@@ -11,9 +11,9 @@ Run config (``[tool.flwr.app.config]`` of the app, ``flwr run --run-config``):
 - ``num-nodes``: SuperNodes to wait for; they must be started with
   ``--node-config "partition-id=I num-partitions=N"``;
 - ``timeout``: seconds one exchange may take; ``node-wait``: seconds to wait for the SuperNodes;
-- ``secure-aggregation``: aggregate the updates with Flower's SecAgg+ (:mod:`fednorm.flower.secure`).
+- ``secure-aggregation``: aggregate the updates with Flower's SecAgg+ (``fednorm.flower.secure``).
 
-The round loop is fednorm's own (:func:`fednorm.api.run` with :class:`FlowerSimulation`), so the
+The round loop is fednorm's own (:func:`fednorm.api.run` with ``FlowerSimulation``), so the
 run directory, checkpoints and metrics are those of ``fednorm run``.
 """
 

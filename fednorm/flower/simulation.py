@@ -17,7 +17,7 @@ def run_simulation(config: ExperimentConfig, *, num_nodes: int = 2, num_cpus: in
     """Run ``config`` with its clients on ``num_nodes`` virtual SuperNodes (node ``i`` hosts the
     clients ``c`` with ``c % num_nodes == i``) and return the result, as :func:`fednorm.api.run`.
 
-    ``secure``: aggregate the updates with Flower's SecAgg+ (:mod:`fednorm.flower.secure`).
+    ``secure``: aggregate the updates with Flower's SecAgg+ (``fednorm.flower.secure``).
     Ray gets ``num_cpus`` CPUs and runs ⌊num_cpus / cpus_per_node⌋ ClientApps at a time.
     """
     from flwr.simulation import run_simulation as flwr_run_simulation
