@@ -19,7 +19,6 @@ writes a JSON of every run plus a plot. The settings are the ones the issue meas
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -27,12 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
 
 import torch  # noqa: E402
 
 import fednorm  # noqa: E402
-from benchmarks._common import machine, write_result  # noqa: E402
+from benchmarks.harness import write_result  # noqa: E402
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "iid": dict(dataset="digits", partition="iid", num_clients=8, rounds=10),
@@ -81,8 +80,7 @@ def main() -> None:
     if args.only:
         keys = args.only.split(",")
         variants = {k: v for k, v in variants.items() if any(s in k for s in keys)}
-    results: dict[str, Any] = {"method": args.method, "seeds": seeds, "machine": machine(), "command": " ".join(sys.argv),
-                               "runs": {}}
+    results: dict[str, Any] = {"method": args.method, "seeds": seeds, "runs": {}}
     start = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for setting in args.settings.split(","):
@@ -102,7 +100,7 @@ def main() -> None:
                 print(f"{name:48s} final {mean[-1]:5.1f} ± {sd:4.1f} | " + " ".join(f"{a:5.1f}" for a in mean), flush=True)
     results["wall_seconds"] = time.time() - start
     out = Path(args.out or f"benchmarks/results/defaults_{args.method}.json")
-    write_result(out, results)
+    results = write_result(out, results)
     plot(results, out.with_suffix(".png"))
 
 

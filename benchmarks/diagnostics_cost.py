@@ -13,13 +13,13 @@ resulting state, timed alone. Prints the medians side by side and their ratio: t
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, median, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks.harness import interleaved, print_row, write_result  # noqa: E402
 
 from fednorm.config import ExperimentConfig  # noqa: E402
 from fednorm.diagnostics import Diagnostics  # noqa: E402
@@ -43,25 +43,27 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/diagnostics_cost.json")
     args = p.parse_args()
     rows = []
+    print_row(f"{args.repeats} repeats", "medians:")
     print(f"{'method':<10} {'round s':>9} {'diagnostics s':>14} {'ratio':>7}")
     for label, overrides in VARIANTS:
         cfg = ExperimentConfig(num_clients=args.num_clients, alpha=args.alpha, rounds=10**4, eval_every=10**4,
                                threads=args.threads, seed=0, **overrides)
         sim = Simulation(cfg)
         diag = Diagnostics(1)
-        sim.step()  # warm-up
-        diag(sim)
-        rounds, diags = [], []
-        for _ in range(args.repeats):
-            rounds.append(sim.step().seconds)
-            start = time.perf_counter()
-            diag(sim)
-            diags.append(time.perf_counter() - start)
-        r, d = median(rounds), median(diags)
+        seconds: list[float] = []  # each round's own record.seconds, as a run reports it
+
+        def one_round(sim: Simulation = sim, seconds: list[float] = seconds) -> None:
+            seconds.append(sim.step().seconds)
+
+        timing = interleaved({"round": one_round, "diagnostics": lambda sim=sim, diag=diag: diag(sim)}, args.repeats,
+                             warmup=1, baseline="round")
+        rounds = seconds[1:]  # not the warm-up round
+        r, d = statistics.median(rounds), timing.median("diagnostics")
         rows.append({"method": label, "round_seconds": r, "diagnostics_seconds": d, "ratio": d / r,
-                     "rounds": rounds, "diagnostics": diags})
+                     "ratio_paired": timing.ratio("diagnostics", "round"), "rounds": rounds,
+                     "diagnostics": timing.values("diagnostics"), "raw": timing.runs})
         print(f"{label:<10} {r:>9.3f} {d:>14.3f} {d / r:>7.2f}", flush=True)
-    write_result(args.out, {"setting": vars(args), "machine": machine(), "rows": rows})
+    write_result(args.out, {"setting": vars(args), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -25,8 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, write_result  # noqa: E402
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks.harness import print_row, write_result  # noqa: E402
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> float:
@@ -83,15 +85,16 @@ def main() -> None:
             rows.append({"runtime": f"fednorm launch --nproc {n}", "processes": n, "end_to_end_s": end_to_end,
                          "run_s": s["wall_seconds"], "final_test_accuracy": s["final_test_accuracy"], "max_metric_diff": diff})
     base = rows[0]
-    print(f"{args.method}+{args.norm}, {args.model} on {args.dataset}, {args.num_clients} clients, {args.rounds} rounds, "
-          f"{args.dtype}, {cores} cores")
+    torch.set_num_threads(args.threads or cores)  # so that the label and the result file name the in-process run's threads
+    print_row(f"{args.method}+{args.norm}, {args.model} on {args.dataset}, {args.num_clients} clients, {args.rounds} rounds, "
+              f"{args.dtype}", "(in-process threads; each of N launched processes: cores // N)")
     print(f"{'runtime':<26} {'end-to-end s':>12} {'x in-proc':>9} {'run s':>8} {'x in-proc':>9} {'final acc':>9} {'max diff':>9}")
     for r in rows:
         r["end_to_end_ratio"] = r["end_to_end_s"] / base["end_to_end_s"]
         r["run_ratio"] = r["run_s"] / base["run_s"]
         print(f"{r['runtime']:<26} {r['end_to_end_s']:>12.2f} {r['end_to_end_ratio']:>9.2f} {r['run_s']:>8.2f} "
               f"{r['run_ratio']:>9.2f} {100 * r['final_test_accuracy']:>8.2f}% {r['max_metric_diff']:>9.1e}")
-    write_result(args.out, {"settings": vars(args), "machine": machine(), "rows": rows})
+    write_result(args.out, {"settings": vars(args), "rows": rows})
 
 
 if __name__ == "__main__":

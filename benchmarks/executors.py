@@ -24,8 +24,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, interleaved, machine, machine_label, paired_ratio, rate_and_cpu, train_centralized, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks._common import data_dir, train_centralized  # noqa: E402
+from benchmarks.harness import interleaved, machine_label, print_row, write_result  # noqa: E402
 
 from fednorm.config import ExperimentConfig  # noqa: E402
 from fednorm.engine.simulator import Simulation  # noqa: E402
@@ -76,33 +77,29 @@ def main() -> None:
                 return sim.executor.last_samples_seen
 
             rep = iter(range(10**9))
-            runs = interleaved({
+            timing = interleaved({
                 "sequential": lambda: step(sims["sequential"]),
                 "vectorized": lambda: step(sims["vectorized"]),
                 "central B": lambda: central(seq, bsz, k * steps, next(rep)),
                 "central B CL": lambda: central(seq, bsz, k * steps, next(rep), channels_last=True),
                 "central KB": lambda: central(seq, k * bsz, steps, next(rep)),
-            }, args.repeats)
-            rates = {name: rate_and_cpu(r) for name, r in runs.items()}
-            ratio = {f"vectorized / {b}": paired_ratio(runs, "vectorized", b) for b in runs if b != "vectorized"}
+            }, args.repeats, baseline="vectorized")
+            rates = {name: timing.rate_and_cpu(name) for name in timing.runs}
+            ratio = {f"vectorized / {b}": timing.ratio("vectorized", b, "rate") for b in timing.runs if b != "vectorized"}
             row = {
                 "model": model, "batch_size": bsz, "clients": k, "steps": steps, "threads": torch.get_num_threads(),
                 "machine": machine_label(),
                 **{f"{name} samples/s": w for name, (w, _) in rates.items()},
                 **{f"{name} samples/cpu-s": c for name, (_, c) in rates.items()},
                 **ratio,
-                "sequential / central B": paired_ratio(runs, "sequential", "central B"),
-                "raw": runs,
+                "sequential / central B": timing.ratio("sequential", "central B", "rate"),
+                "raw": timing.runs,
             }
             rows.append(row)
-            print(
-                f"{model:10s} B={bsz:<3d} [{row['machine']}] samples/s (per CPU-s): "
-                + "  ".join(f"{name} {w:.0f} ({c:.0f})" for name, (w, c) in rates.items())
-                + f" | paired: vec/seq {ratio['vectorized / sequential']:.2f}x  vec/plain loop (central B) "
-                f"{ratio['vectorized / central B']:.2f}x  vec/central KB (bound) {ratio['vectorized / central KB']:.2f}x",
-                flush=True,
-            )
-    write_result(args.out, {"benchmark": "executors", "args": vars(args), "rows": rows, "machine": machine()})
+            print_row(f"{model:10s} B={bsz:<3d}", timing.describe()
+                      + f" | paired: vec/seq {ratio['vectorized / sequential']:.2f}x  vec/plain loop (central B) "
+                      f"{ratio['vectorized / central B']:.2f}x  vec/central KB (bound) {ratio['vectorized / central KB']:.2f}x")
+    write_result(args.out, {"benchmark": "executors", "args": vars(args), "rows": rows})
 
 
 if __name__ == "__main__":

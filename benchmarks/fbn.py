@@ -37,8 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, machine, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks._common import data_dir  # noqa: E402
+from benchmarks.harness import measure, write_result  # noqa: E402
 
 from fednorm.config import ExperimentConfig  # noqa: E402
 from fednorm.data.federated import federated_data_from_config  # noqa: E402
@@ -110,16 +111,20 @@ def scaled_data(config: ExperimentConfig, test_size: int, size: int):
 def run(name: str, base: dict[str, Any], test_size: int, size: int, **overrides: Any) -> dict[str, Any]:
     cfg = ExperimentConfig(**{**base, **overrides})
     data = scaled_data(cfg, test_size, size)
-    start = time.process_time()
-    sim = Simulation(cfg, data=data)
     curve = []
-    for record in sim.rounds():
-        if record.metrics:
-            curve.append((record.server_round, round(record.metrics["test_accuracy"], 4)))
-    cpu = time.process_time() - start
+
+    def train() -> Simulation:
+        sim = Simulation(cfg, data=data)
+        for record in sim.rounds():
+            if record.metrics:
+                curve.append((record.server_round, round(record.metrics["test_accuracy"], 4)))
+        return sim
+
+    timing, sim = measure(train)
+    cpu = timing["cpu"]
     s = sim.summary()
     out = {"name": name, "final_test_accuracy": s["final_test_accuracy"], "best_test_accuracy": s["best_test_accuracy"],
-           "curve": curve, "cpu_seconds": round(cpu, 1), "overrides": overrides}
+           "curve": curve, "cpu_seconds": round(cpu, 1), "wall_seconds": round(timing["wall"], 1), "overrides": overrides}
     print(f"{name:40s} final {s['final_test_accuracy']:.4f} best {s['best_test_accuracy']:.4f}  cpu {cpu:.0f}s  curve {curve}", flush=True)
     return out
 
@@ -181,9 +186,9 @@ def main() -> None:
             continue
         results.append(run(name, base, args.test_size, args.size, **overrides))
     write_result(args.out, {
-        "benchmark": "fbn", "command": " ".join(sys.argv), "steps": T, "image_size": args.size,
+        "benchmark": "fbn", "steps": T, "image_size": args.size,
         "test_size": args.test_size, "momentum": args.momentum, "total_cpu_seconds": round(time.process_time() - start, 1),
-        "machine": machine(), "results": results, "paper": PAPER,
+        "results": results, "paper": PAPER,
     })
 
 

@@ -24,14 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, machine, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks._common import data_dir  # noqa: E402
+from benchmarks.harness import measure, write_result  # noqa: E402
 
 from fednorm.config import ExperimentConfig  # noqa: E402
 from fednorm.data.federated import federated_data_from_config  # noqa: E402
@@ -78,9 +78,8 @@ def main() -> None:
     per_method = Path(args.out).with_suffix("")
     for label in [] if args.combine_only else args.methods.split(","):
         cfg = ExperimentConfig(**base, **METHODS[label])
-        start = time.process_time()
         sim = Simulation(cfg, data=data)
-        losses = [sim.step().train_loss for _ in range(cfg.rounds)]
+        timing, losses = measure(lambda: [sim.step().train_loss for _ in range(cfg.rounds)])
         final = sim.history[-1]
         per_domain = {n: 100 * a for n, a in zip(names, final["client_accuracies"])}
         record = {
@@ -88,7 +87,8 @@ def main() -> None:
             "per_domain": per_domain,
             "mean": 100 * final["mean_client_accuracy"],
             "train_loss": losses,
-            "cpu_seconds": time.process_time() - start,
+            "cpu_seconds": timing["cpu"],
+            "wall_seconds": timing["wall"],
             "executor": sim.executor.name,
             "config": {k: v for k, v in cfg.model_dump(mode="json").items() if k != "data_dir"},
         }
@@ -125,7 +125,6 @@ def main() -> None:
             {c: results["fedbn"]["per_domain"][c] - results["fedavg"]["per_domain"][c] for c in cols}
             if "fedbn" in results and "fedavg" in results else None
         ),
-        "machine": machine(),
     })  # fmt: skip
 
 

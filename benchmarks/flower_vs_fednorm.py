@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, machine, median, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks._common import data_dir  # noqa: E402
+from benchmarks.harness import interleaved, print_row, write_result  # noqa: E402
 
 CONFIG: dict = {}
 RESULTS: dict = {}
@@ -101,7 +103,7 @@ def run_flower(args) -> dict:
     total = time.perf_counter() - start
     stamps = RESULTS["stamps"]
     rounds = [b - a for a, b in zip(stamps, stamps[1:])]
-    return {"end_to_end_s": total, "round_s": rounds, "round_s_median": median(rounds)}
+    return {"end_to_end_s": total, "round_s": rounds, "round_s_median": statistics.median(rounds)}
 
 
 def run_fednorm(args, executor: str) -> dict:
@@ -114,12 +116,9 @@ def run_fednorm(args, executor: str) -> dict:
                            batch_size=args.batch_size, lr=0.01, momentum=0.9, rounds=10**6, eval_every=10**6,
                            executor=executor, seed=args.seed)
     sim = Simulation(cfg)
-    rounds = []
-    for _ in range(args.rounds):
-        t = time.perf_counter()
-        sim.step()
-        rounds.append(time.perf_counter() - t)
-    return {"end_to_end_s": time.perf_counter() - start, "round_s": rounds, "round_s_median": median(rounds),
+    timing = interleaved({"round": sim.step}, args.rounds, warmup=0)
+    return {"end_to_end_s": time.perf_counter() - start, "round_s": timing.values("round"),
+            "round_s_median": timing.median("round"), "round_cpu_s": timing.values("round", "cpu"),
             "executor": sim.executor.name}
 
 
@@ -144,10 +143,10 @@ def main() -> None:
     }
     fl = results["flower simulation"]
     for name, r in results.items():
-        print(f"{name:20s} end to end {r['end_to_end_s']:7.1f}s  per round {r['round_s_median']:6.2f}s  "
-              f"(flower / this: end to end {fl['end_to_end_s'] / r['end_to_end_s']:.2f}x, "
-              f"per round {fl['round_s_median'] / r['round_s_median']:.2f}x)")
-    write_result(args.out, {"benchmark": "flower_vs_fednorm", "args": vars(args), "results": results, "machine": machine()})
+        print_row(f"{name:20s}", f"end to end {r['end_to_end_s']:7.1f}s  per round {r['round_s_median']:6.2f}s  "
+                  f"(flower / this: end to end {fl['end_to_end_s'] / r['end_to_end_s']:.2f}x, "
+                  f"per round {fl['round_s_median'] / r['round_s_median']:.2f}x)")
+    write_result(args.out, {"benchmark": "flower_vs_fednorm", "args": vars(args), "results": results})
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, machine, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks._common import data_dir  # noqa: E402
+from benchmarks.harness import measure, write_result  # noqa: E402
 
 PLAIN = [  # (label, overrides of dict(norm="bn", lr=0.01, momentum=0.9, batch=4, clip=10, augment=True))
     ("paper BN setting", {}),
@@ -150,16 +150,15 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     root = data_dir(args.data_dir)
-    result: dict = {"benchmark": "hbn_bn_collapse", "command": "python benchmarks/hbn_bn_collapse.py " + " ".join(sys.argv[1:]),
-                    "machine": machine()}
+    result: dict = {"benchmark": "hbn_bn_collapse"}
     if args.only in (None, "plain"):
         data = _load(Path(root))
         result["plain"] = []
         for label, kw in PLAIN:
-            t = time.perf_counter()
-            acc = plain(data, args.steps, **kw)
-            result["plain"].append({"variant": label, "overrides": kw, "test_accuracy_every_1000_steps": acc})
-            print(f"plain loop, {label}: {', '.join(f'{a:.1f}' for a in acc)} ({time.perf_counter() - t:.0f} s)", flush=True)
+            timing, acc = measure(lambda: plain(data, args.steps, **kw))
+            result["plain"].append({"variant": label, "overrides": kw, "test_accuracy_every_1000_steps": acc,
+                                    "wall_seconds": timing["wall"], "cpu_seconds": timing["cpu"]})
+            print(f"plain loop, {label}: {', '.join(f'{a:.1f}' for a in acc)} ({timing['wall']:.0f} s)", flush=True)
     if args.only in (None, "federated"):
         result["federated"] = []
         for seed in [int(s) for s in args.seeds.split(",")]:

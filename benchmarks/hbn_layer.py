@@ -13,6 +13,7 @@ channels-last layout as the engine feeds them. Interleaved repeats, medians.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -20,8 +21,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, median, timed, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks.harness import interleaved, print_row, write_result  # noqa: E402
 
 from fednorm.nn.hbn import _HybridNorm  # noqa: E402
 
@@ -89,25 +90,34 @@ def main() -> None:
             "tensor ops": lambda: TensorOps.apply(x, w, gm, gv, weight, bias, 1e-5),
             "BatchNorm": lambda: F.batch_norm(x, rm, rv, weight, bias, True, 0.1, 1e-5),
         }
-        times: dict[str, dict[str, list[float]]] = {k: {"train": [], "forward": []} for k in ops}
-        for _ in range(args.repeats):
-            for name, op in ops.items():
-                def train(op=op) -> None:
-                    for _ in range(args.calls):
-                        op().backward(g)
 
-                def forward(op=op) -> None:
-                    with torch.no_grad():
-                        for _ in range(args.calls):
-                            op()
-                times[name]["train"].append(timed(train)[0] / args.calls * 1e3)
-                times[name]["forward"].append(timed(forward)[0] / args.calls * 1e3)
-        row = {"layer": label, "shape": list(shape),
-               **{f"{k} {phase} ms": median(v[phase]) for k, v in times.items() for phase in ("train", "forward")}}
+        def train(op: Callable[[], torch.Tensor]) -> None:
+            for _ in range(args.calls):
+                op().backward(g)
+
+        def forward(op: Callable[[], torch.Tensor]) -> None:
+            with torch.no_grad():
+                for _ in range(args.calls):
+                    op()
+
+        variants = {}
+        for name, op in ops.items():  # each op's training calls, then its no-grad calls, op after op
+            variants[f"{name} train"] = lambda op=op: train(op)
+            variants[f"{name} forward"] = lambda op=op: forward(op)
+        timing = interleaved(variants, args.repeats, warmup=0)
+        ms = {v: [t / args.calls * 1e3 for t in timing.values(v)] for v in variants}
+        row = {"layer": label, "shape": list(shape), **{f"{v} ms": statistics.median(t) for v, t in ms.items()}}
+        # ratios of the medians, as docs/performance.md quotes them; the paired ratios beside them
         row["tensor ops / native, train"] = row["tensor ops train ms"] / row["native train ms"]
         row["tensor ops / native, forward"] = row["tensor ops forward ms"] / row["native forward ms"]
         row["native / BatchNorm, train"] = row["native train ms"] / row["BatchNorm train ms"]
+        row["tensor ops / native, train (paired)"] = timing.ratio("tensor ops train", "native train")
+        row["tensor ops / native, forward (paired)"] = timing.ratio("tensor ops forward", "native forward")
+        row["native / BatchNorm, train (paired)"] = timing.ratio("native train", "BatchNorm train")
+        row["ms_per_call"] = ms
+        row["raw"] = timing.runs
         rows.append(row)
+    print_row(f"{args.repeats} repeats of {args.calls} calls", "medians, ms per call:")
     print("| layer | native fwd+bwd (ms) | tensor ops | BatchNorm | tensor ops / native | native / BN "
           "| no-grad forward: native | tensor ops / native |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -115,7 +125,7 @@ def main() -> None:
         print(f"| {r['layer']} | {r['native train ms']:.3f} | {r['tensor ops train ms']:.3f} | {r['BatchNorm train ms']:.3f} "
               f"| {r['tensor ops / native, train']:.2f}× | {r['native / BatchNorm, train']:.2f}× "
               f"| {r['native forward ms']:.3f} | {r['tensor ops / native, forward']:.2f}× |")
-    write_result(args.out, {"machine": machine(), "repeats": args.repeats, "calls": args.calls, "rows": rows})
+    write_result(args.out, {"repeats": args.repeats, "calls": args.calls, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, machine  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks._common import data_dir  # noqa: E402
+from benchmarks.harness import measure, metadata, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = [ROOT / "reproduction/hbn/table1/hbn__phi0.1/seed42"]
@@ -110,11 +111,10 @@ def measure_run(run_dir: Path, data: str, test_limit: int | None, threads: int, 
     rows, pools = [], {}
     for where, ids in samples:
         for label, change in variants:
-            t0 = time.perf_counter()
-            state, acc, loss = run(ids, change)
+            timing, (state, acc, loss) = measure(lambda: run(ids, change))
             pools[(where, label)] = state
             rows.append({"clients": where, "pass": label, "test_accuracy": acc, "test_loss": loss,
-                         "seconds": time.perf_counter() - t0})
+                         "seconds": timing["wall"], "cpu_seconds": timing["cpu"]})
     resampled = {}
     if resample > 0:
         from fednorm.rng import numpy_rng
@@ -173,10 +173,9 @@ def main() -> None:
     if args.write:
         path = ROOT / "benchmarks/results/hbn_statistics_pass.json"
         old = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
-        old["runs"].update({r["run_dir"]: r for r in results})
-        old["machine"] = machine()
-        path.write_text(json.dumps(old, indent=2) + "\n")
-        print(f"wrote {path}")
+        measured = metadata()  # each run's entry says how it was measured; the file's top level, the latest
+        old["runs"].update({r["run_dir"]: {**r, "measured": measured} for r in results})
+        write_result(path, old)
 
 
 if __name__ == "__main__":

@@ -30,14 +30,13 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, write_result  # noqa: E402
-from optimizers import add_scale_args, scaled_setting  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks.harness import measure, write_result  # noqa: E402
+from benchmarks.optimizers import add_scale_args, scaled_setting  # noqa: E402
 
 from fednorm.config import ExperimentConfig  # noqa: E402
 from fednorm.data.federated import federated_data_from_config  # noqa: E402
@@ -73,6 +72,16 @@ def variant(name: str, rounds: int) -> dict:
     }[name]
 
 
+def train(sim: Simulation) -> str:
+    """Every round of ``sim``; "completed", or the error that stopped it (a diverged variant is a result)."""
+    try:
+        for _ in sim.rounds():
+            pass
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc)[:120]}"
+    return "completed"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir")
@@ -98,20 +107,14 @@ def main() -> None:
             if name.startswith("hbn") and args.hbn_args:
                 var["method_args"] = {**var.get("method_args", {}), **args.hbn_args}
             cfg = ExperimentConfig(**base, batch_size=bsz, **var)
-            cpu = time.process_time()
             sim = Simulation(cfg, data=data)
-            status = "completed"
-            try:
-                for _ in sim.rounds():
-                    pass
-            except Exception as exc:  # a diverged variant is a result
-                status = f"{type(exc).__name__}: {str(exc)[:120]}"
+            timing, status = measure(lambda: train(sim))
             accs = [h["test_accuracy"] for h in sim.history]
             res = {"norm": name, "batch_size": bsz, "method_args": var.get("method_args", {}),
                    "model_args": var.get("model_args", {}), "status": status, "curve": accs,
                    "final_accuracy": accs[-1] if accs else None,
                    "last3_mean_accuracy": float(np.mean(accs[-3:])) if accs else None,
-                   "cpu_seconds": time.process_time() - cpu, "executor": sim.executor.name,
+                   "cpu_seconds": timing["cpu"], "wall_seconds": timing["wall"], "executor": sim.executor.name,
                    "method_report": sim.method.report(sim)}
             results.append(res)
             write_result(out, {"partial": True, "results": results})
@@ -131,7 +134,7 @@ def main() -> None:
                        "fn_placement": "fn: the flattened 1024-d conv map before fc (HBN paper's FedFN); "
                                        "fn_head: the 128-d features before the head (LN paper's)",
                        "table_markdown": table, "setting": {k: v for k, v in base.items() if k != "data_dir"},
-                       "machine": machine(), "command": " ".join(["python", "benchmarks/hbn_tables.py", *sys.argv[1:]])})
+                       })
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ first was stopped after its 1-class setting to stay within a 20 CPU-minute budge
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -45,9 +44,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import data_dir, machine, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks._common import data_dir  # noqa: E402
+from benchmarks.harness import write_result  # noqa: E402
 
 from fednorm.config import ExperimentConfig  # noqa: E402
 from fednorm.data.federated import FederatedData, build_federated_data  # noqa: E402
@@ -164,7 +163,7 @@ def main() -> None:
         "local_steps": 10, "batch_size": 32, "drop_last": True, "momentum": args.momentum, "weight_decay": 0.0,
         "augment": True, "seed": args.seed, "threads": 1, "checkpoint_every": 0,
     }
-    result = {"benchmark": "ln_fn", "machine": machine(), "args": vars(args), "base_config": base, "runs": {}}
+    result = {"benchmark": "ln_fn", "args": vars(args), "base_config": base, "runs": {}}
     cpu_start = time.process_time()
     norms = [n for n in args.norms.split(",") if n]
 

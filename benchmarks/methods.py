@@ -13,26 +13,30 @@ separately (one global evaluation of the test set, and HBN's statistics re-sync)
 
 ``digits``: the embedded digits, Dirichlet 0.3, 10 clients all training every round.
 ``cifar``: the HBN paper's CIFAR-10 setting (100 clients, Dirichlet 0.6, 10 per round, Simple-CNN,
-crop + flip). Results: benchmarks/results/methods_<setting>_b<B>.json (docs/performance.md's
-table is written from it by ``--markdown``).
+crop + flip). Results: benchmarks/results/methods_<setting>_b<B>.json; benchmarks/tables.py renders
+docs/performance.md's tables from them, and ``--markdown FILE`` prints one file's table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, machine, machine_label, median, timed, train_centralized, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks._common import data_dir, train_centralized  # noqa: E402
+from benchmarks.harness import Record, interleaved, measure, write_result  # noqa: E402
+from benchmarks.tables import methods_table  # noqa: E402
 
 from fednorm.config import ExperimentConfig  # noqa: E402
 from fednorm.engine.simulator import Simulation  # noqa: E402
+
+CENTRAL = "centralized"  # the plain PyTorch loop's variant
 
 #: (label, config overrides): the papers' methods with their norms; the first is the reference.
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
@@ -76,8 +80,7 @@ def centralized(sim: Simulation, num_samples: int, batch_size: int, seed: int, a
 
 def evaluation_seconds(sim: Simulation) -> float:
     """One evaluation as a run does it (the method's evaluation state, the global test set)."""
-    t, _ = timed(sim.evaluate)
-    return t
+    return measure(sim.evaluate)[0]["wall"]
 
 
 def main() -> None:
@@ -109,62 +112,50 @@ def main() -> None:
         sims[label] = Simulation(ExperimentConfig(**{**base, **kw}))
         sims[label].step()  # warm-up round (first-call costs, HBN's initial pass)
         print(f"{label}: executor {sims[label].executor.name} {sims[label].executor_note}", flush=True)
-    rounds: dict[str, list[float]] = {label: [] for label in sims}
-    cpu: dict[str, list[float]] = {label: [] for label in sims}
-    samples: dict[str, list[int]] = {label: [] for label in sims}
-    cen_rates: list[float] = []
-    for rep in range(args.repeats):
-        for label, sim in sims.items():
-            c0 = time.process_time()
-            t, _ = timed(sim.step)
-            cpu[label].append(time.process_time() - c0)
-            rounds[label].append(t)
-            samples[label].append(sim.executor.last_samples_seen)
-        n = samples["FedAvg+BN"][-1]
-        t_cen, n_cen = timed(lambda: centralized(sims["FedAvg+BN"], n, args.batch_size, rep, base.get("augment", False)))
-        cen_rates.append(n_cen / t_cen)
-        print(f"repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in rounds.items())
-              + f"; centralized {n_cen / t_cen:.0f} samples/s", flush=True)
+    reference = sims["FedAvg+BN"]
+    seeds = iter(range(10**9))
+
+    def one_round(sim: Simulation) -> int:
+        sim.step()
+        return sim.executor.last_samples_seen
+
+    def central() -> int:  # as many samples as the reference's round of this repeat, which ran just before
+        return centralized(reference, reference.executor.last_samples_seen, args.batch_size, next(seeds),
+                           base.get("augment", False))
+
+    def progress(rep: int, records: dict[str, Record]) -> None:
+        print(f"repeat {rep + 1}: " + ", ".join(f"{k} {r['wall']:.2f}s" for k, r in records.items() if k != CENTRAL)
+              + f"; centralized {records[CENTRAL]['rate']:.0f} samples/s", flush=True)
+
+    rounds = {label: (lambda sim=sim: one_round(sim)) for label, sim in sims.items()}
+    timing = interleaved({**rounds, CENTRAL: central}, args.repeats, warmup=0, baseline="FedAvg+BN", on_repeat=progress)
     evals = {label: evaluation_seconds(sim) for label, sim in sims.items()}
     rows = []
     for label, sim in sims.items():
-        rates = [n / s for n, s in zip(samples[label], rounds[label])]
         rows.append({
             "variant": label, "executor": sim.executor.name, "executor_note": sim.executor_note,
-            "round_seconds": rounds[label], "round_median_s": median(rounds[label]),
-            "round_cpu_median_s": median(cpu[label]),
+            "round_seconds": timing.values(label), "round_median_s": timing.median(label),
+            "round_cpu_median_s": timing.median(label, "cpu"),
             # paired: each repeat's ratio, then the median (a ratio of medians pairs unlike repeats)
-            "vs_fedavg_bn": median([a / b for a, b in zip(rounds[label], rounds["FedAvg+BN"])]),
-            "samples_per_s": median(rates), "vs_centralized": median([r / c for r, c in zip(rates, cen_rates)]),
-            "evaluation_s": evals[label], "evaluation_vs_round": evals[label] / median(rounds[label]),
+            "vs_fedavg_bn": timing.ratio(label, "FedAvg+BN"),
+            "samples_per_s": timing.median(label, "rate"), "vs_centralized": timing.ratio(label, CENTRAL, "rate"),
+            "evaluation_s": evals[label], "evaluation_vs_round": evals[label] / timing.median(label),
         })
     result = {
         "benchmark": "methods", "setting": args.setting, "batch_size": args.batch_size, "repeats": args.repeats,
-        "config": {k: v for k, v in base.items() if k != "data_dir"}, "centralized_samples_per_s": cen_rates,
-        "rows": rows, "machine": machine(), "threads": torch.get_num_threads(), "machine_label": machine_label(),
-        "command": "python benchmarks/methods.py " + " ".join(sys.argv[1:]),
+        "config": {k: v for k, v in base.items() if k != "data_dir"},
+        "centralized_samples_per_s": timing.values(CENTRAL, "rate"), "rows": rows, "raw": timing.runs,
     }
+    result = write_result(args.out or f"benchmarks/results/methods_{args.setting}_b{args.batch_size}.json", result)
     print()
     print(markdown(result))
-    write_result(args.out or f"benchmarks/results/methods_{args.setting}_b{args.batch_size}.json", result)
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = [
-        f"`{result['command']}` ({result['setting']}, batch {result['batch_size']}, {result.get('machine_label', '')}; "
-        f"medians of {result['repeats']} repeats, ratios paired per repeat; centralized "
-        f"{median(result['centralized_samples_per_s']):.0f} samples/s)",
-        "",
-        "| method | executor | round (s) | round CPU (s) | vs FedAvg+BN | samples/s | vs centralized | one evaluation (s) | evaluation / round |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in result["rows"]:
-        cpu = r.get("round_cpu_median_s")
-        lines.append(f"| {r['variant']} | {r['executor']} | {r['round_median_s']:.2f} | "
-                     f"{'n/a' if cpu is None else f'{cpu:.2f}'} | {r['vs_fedavg_bn']:.2f}× | "
-                     f"{r['samples_per_s']:.0f} | {r['vs_centralized']:.2f}× | {r['evaluation_s']:.2f} | "
-                     f"{r['evaluation_vs_round']:.2f} |")
-    return "\n".join(lines)
+    """The command, the setting and the table of one result file."""
+    return (f"`{result['command']}` ({result['setting']}, batch {result['batch_size']}, {result.get('machine_label', '')}; "
+            f"medians of {result['repeats']} repeats, ratios paired per repeat; centralized "
+            f"{statistics.median(result['centralized_samples_per_s']):.0f} samples/s)\n\n" + methods_table(result))
 
 
 if __name__ == "__main__":

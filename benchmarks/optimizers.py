@@ -28,8 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, machine, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks._common import data_dir  # noqa: E402
+from benchmarks.harness import measure, write_result  # noqa: E402
 
 from fednorm.config import ExperimentConfig  # noqa: E402
 from fednorm.data.federated import federated_data_from_config  # noqa: E402
@@ -92,6 +93,17 @@ def scaled_setting(args: argparse.Namespace, tmp_dir: str, *, phi: float) -> dic
     )
 
 
+def train(cfg: ExperimentConfig, data) -> tuple[Simulation, str]:
+    """Build and run one variant: the simulation, and "completed" or the error that stopped it."""
+    sim = Simulation(cfg, data=data)
+    try:
+        for _ in sim.rounds():
+            pass
+    except Exception as exc:  # a diverged variant is a result, not a crash of the benchmark
+        return sim, f"{type(exc).__name__}: {str(exc)[:120]}"
+    return sim, "completed"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir")
@@ -118,21 +130,14 @@ def main() -> None:
             **base, norm=norm, method="hbn" if norm == "hbn" else "fedavg",
             client_opt=client_opt, client_opt_args=client_args, server_opt=server_opt, server_opt_args=server_args,
         )
-        wall, cpu = time.perf_counter(), time.process_time()
-        sim = Simulation(cfg, data=data)
-        status = "completed"
-        try:
-            for _ in sim.rounds():
-                pass
-        except Exception as exc:  # a diverged variant is a result, not a crash of the benchmark
-            status = f"{type(exc).__name__}: {str(exc)[:120]}"
+        timing, (sim, status) = measure(lambda: train(cfg, data))
         accs = [h["test_accuracy"] for h in sim.history]
         res = {
             "row": row, "norm": norm, "status": status, "executor": sim.executor.name,
             "final_accuracy": accs[-1] if accs else None,
             "last3_mean_accuracy": float(np.mean(accs[-3:])) if accs else None,
             "curve": accs, "rounds": sim.server_round,
-            "wall_seconds": time.perf_counter() - wall, "cpu_seconds": time.process_time() - cpu,
+            "wall_seconds": timing["wall"], "cpu_seconds": timing["cpu"],
             "method_summary": sim.method.summary(),
         }
         results.append(res)
@@ -162,8 +167,7 @@ def main() -> None:
         "setting": {**{k: v for k, v in base.items() if k != "data_dir"}, "train_images": len(data.train_y),
                     "test_images": len(data.test_y), "train_per_class": args.train_per_class, "test_per_class": args.test_per_class},
         "paper_table4": PAPER, "rows": ROWS, "results": results, "table_markdown": "\n".join(table),
-        "total_cpu_seconds": time.process_time() - cpu0, "machine": machine(),
-        "command": " ".join(["python", "benchmarks/optimizers.py", *sys.argv[1:]]),
+        "total_cpu_seconds": time.process_time() - cpu0,
     })
 
 

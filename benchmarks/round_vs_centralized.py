@@ -3,7 +3,8 @@
 The foundation issue's reference measurement: CIFAR-10, 100 clients (Dirichlet 0.6), 10
 sampled per round, HBN's Simple-CNN, batch 4, SGD momentum 0.9, random crop + flip. A
 fednorm round (sequential executor) and a plain centralized PyTorch loop over the same number
-of samples run interleaved in one process, ``--repeats`` times; the medians are compared.
+of samples run interleaved in one process, ``--repeats`` times; the medians are compared, and
+beside them the median of the per-repeat paired ratios.
 
     python benchmarks/round_vs_centralized.py --data-dir ../shared/data
 
@@ -20,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, machine, median, timed, train_centralized, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks._common import data_dir, train_centralized  # noqa: E402
+from benchmarks.harness import Record, interleaved, print_row, write_result  # noqa: E402
 
 from fednorm.config import ExperimentConfig  # noqa: E402
 from fednorm.engine.simulator import Simulation  # noqa: E402
@@ -60,37 +62,44 @@ def main() -> None:
     )
     print(f"building {cfg.num_clients} clients of CIFAR-10 ...", flush=True)
     sim = Simulation(cfg)
-    fed_rates, cen_rates, cl_rates, round_seconds, samples = [], [], [], [], []
-    for rep in range(args.repeats):
-        t_fed, record = timed(sim.step)
-        n = sim.executor.last_samples_seen
-        t_cen, n_cen = timed(lambda: centralized(sim, n, args.batch_size, cfg.lr, rep))
-        t_cl, n_cl = timed(lambda: centralized(sim, n, args.batch_size, cfg.lr, rep, channels_last=True))
-        fed_rates.append(n / t_fed)
-        cen_rates.append(n_cen / t_cen)
-        cl_rates.append(n_cl / t_cl)
-        round_seconds.append(t_fed)
-        samples.append(n)
-        print(f"repeat {rep + 1}: round {record.server_round} with {n} samples in {t_fed:.2f}s "
-              f"({n / t_fed:.0f} samples/s); centralized {n_cen / t_cen:.0f} samples/s "
-              f"(channels-last {n_cl / t_cl:.0f})", flush=True)
-    fed, cen, cl = median(fed_rates), median(cen_rates), median(cl_rates)
-    print(f"\nmedian over {args.repeats}: fednorm round ({sim.executor.name}) {fed:.0f} samples/s, centralized {cen:.0f} "
-          f"samples/s (channels-last {cl:.0f}); ratio {fed / cen:.3f}x ({fed / cl:.3f}x vs channels-last); "
-          f"one round takes {median(round_seconds):.2f}s")
+    rounds: list[int] = []  # the server round of each repeat's fednorm round, which runs first
+
+    def fed() -> int:
+        rounds.append(sim.step().server_round)
+        return sim.executor.last_samples_seen
+
+    def central(channels_last: bool) -> int:  # this repeat's samples; the repeat's index seeds both loops
+        return centralized(sim, sim.executor.last_samples_seen, args.batch_size, cfg.lr, len(rounds) - 1, channels_last)
+
+    def progress(rep: int, r: dict[str, Record]) -> None:
+        print(f"repeat {rep + 1}: round {rounds[-1]} with {r['fednorm']['samples']} samples in {r['fednorm']['wall']:.2f}s "
+              f"({r['fednorm']['rate']:.0f} samples/s); centralized {r['centralized']['rate']:.0f} samples/s "
+              f"(channels-last {r['centralized CL']['rate']:.0f})", flush=True)
+
+    timing = interleaved({"fednorm": fed, "centralized": lambda: central(False), "centralized CL": lambda: central(True)},
+                         args.repeats, warmup=0, baseline="centralized", on_repeat=progress)
+    fed_rate, cen, cl = (timing.median(n, "rate") for n in ("fednorm", "centralized", "centralized CL"))
+    paired, paired_cl = timing.ratio("fednorm", "centralized", "rate"), timing.ratio("fednorm", "centralized CL", "rate")
+    print_row(f"median over {args.repeats}:",
+              f"fednorm round ({sim.executor.name}) {fed_rate:.0f} samples/s, centralized {cen:.0f} "
+              f"samples/s (channels-last {cl:.0f}); ratio {fed_rate / cen:.3f}x ({fed_rate / cl:.3f}x vs channels-last), "
+              f"paired {paired:.3f}x ({paired_cl:.3f}x); one round takes {timing.median('fednorm'):.2f}s")
     out = args.out or f"benchmarks/results/round_vs_centralized_{sim.executor.name}_b{args.batch_size}.json"
     write_result(out, {
         "benchmark": "round_vs_centralized",
         "config": cfg.model_dump(mode="json"),
-        "fednorm_samples_per_s": fed_rates,
-        "centralized_samples_per_s": cen_rates,
-        "centralized_channels_last_samples_per_s": cl_rates,
+        "fednorm_samples_per_s": timing.values("fednorm", "rate"),
+        "centralized_samples_per_s": timing.values("centralized", "rate"),
+        "centralized_channels_last_samples_per_s": timing.values("centralized CL", "rate"),
         "executor": sim.executor.name,
-        "ratio_vs_channels_last": fed / cl,
-        "round_seconds": round_seconds,
-        "samples_per_round": samples,
-        "ratio_median": fed / cen,
-        "machine": machine(),
+        # ratios of the medians, as docs/performance.md quotes them; the paired ratios beside them
+        "ratio_vs_channels_last": fed_rate / cl,
+        "round_seconds": timing.values("fednorm"),
+        "samples_per_round": timing.values("fednorm", "samples"),
+        "ratio_median": fed_rate / cen,
+        "ratio_paired": paired,
+        "ratio_vs_channels_last_paired": paired_cl,
+        "raw": timing.runs,
     })
 
 

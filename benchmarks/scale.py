@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, machine, median, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks._common import data_dir  # noqa: E402
+from benchmarks.harness import interleaved, machine_label, measure, write_result  # noqa: E402
 
 
 def child(args: argparse.Namespace) -> None:
@@ -35,24 +36,22 @@ def child(args: argparse.Namespace) -> None:
         batch_size=args.batch_size, local_steps=args.steps, lr=0.01, momentum=0.9,
         rounds=10**6, eval_every=10**6,
     )
-    t0 = time.perf_counter()
-    sim = Simulation(cfg)
-    setup = time.perf_counter() - t0
+    record, sim = measure(lambda: Simulation(cfg))
+    setup = record["wall"]
     if args.fill_bank:  # every client holds its state, as after a long run
         for cid in range(args.num_clients):
             sim.bank.put(cid, sim.method.initial_client_state(cid, sim.global_state))
     rss_setup = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    times = []
-    for _ in range(args.rounds):
-        t = time.perf_counter()
-        sim.step()
-        times.append(time.perf_counter() - t)
+    timing = interleaved({"round": sim.step}, args.rounds, warmup=0)
+    times, cpu = timing.values("round"), timing.values("round", "cpu")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({
         "num_clients": args.num_clients,
         "setup_s": setup,
-        "round_s_median": median(times[1:] or times),
+        "round_s_median": statistics.median(times[1:] or times),  # the first round is a warm-up
+        "round_cpu_s_median": statistics.median(cpu[1:] or cpu),
         "round_s": times,
+        "raw": timing.runs,
         "clients_with_state": len(sim.bank),
         "bank_bytes": sim.bank.memory_bytes(),
         "bank_bytes_per_client": sim.bank.memory_bytes() / max(1, len(sim.bank)),
@@ -61,6 +60,7 @@ def child(args: argparse.Namespace) -> None:
         "peak_rss_mb": rss / 1024,
         "executor": sim.executor.name,
         "torch_threads": torch.get_num_threads(),
+        "machine_label": machine_label(),
     }))
 
 
@@ -94,10 +94,10 @@ def main() -> None:
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
         row = json.loads(out)
         rows.append(row)
-        print(f"{n:5d} clients: round {row['round_s_median']:.3f}s, {row['clients_with_state']} clients hold state, "
+        print(f"{n:5d} clients [{row['machine_label']}]: round {row['round_s_median']:.3f}s, {row['clients_with_state']} clients hold state, "
               f"bank {row['bank_bytes'] / 1e6:.3f} MB ({row['bank_bytes_per_client']:.0f} B/client), "
               f"peak RSS {row['peak_rss_mb']:.0f} MB (after setup {row['peak_rss_mb_after_setup']:.0f} MB)", flush=True)
-    write_result(args.out, {"benchmark": "scale", "args": vars(args), "rows": rows, "machine": machine()})
+    write_result(args.out, {"benchmark": "scale", "args": vars(args), "rows": rows})
 
 
 if __name__ == "__main__":

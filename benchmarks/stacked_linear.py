@@ -13,14 +13,15 @@ interleaved, one thread:
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
-import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, median, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks.harness import interleaved, print_row, write_result  # noqa: E402
 
 #: (label, clients K, batch B, in, out)
 LAYERS = [
@@ -57,6 +58,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     rows = []
+    print_row(f"{args.repeats} repeats", "forward + backward, medians:")
     print(f"{'layer':36s} {'X W^T (ms)':>11s} {'W X^T (ms)':>11s} {'speed-up':>9s}")
     for label, k, bsz, inp, out in LAYERS:
         w = torch.randn(k, out, inp, requires_grad=True)
@@ -65,19 +67,22 @@ def main() -> None:
         with torch.no_grad():  # the same layer: equal in float64 to rounding
             torch.testing.assert_close(x_wt(x.double(), w.double(), b.double()), w_xt(x.double(), w.double(), b.double()))
         inner = max(1, min(200, int(3e7 / (k * bsz * inp * out))))  # about 0.1 s a sample on this CPU
-        times: dict[str, list[float]] = {"X W^T": [], "W X^T": []}
-        for _ in range(args.repeats):
-            for name, fn in (("X W^T", x_wt), ("W X^T", w_xt)):
-                start = time.perf_counter()
-                for _ in range(inner):
-                    w.grad = b.grad = x.grad = None
-                    fn(x, w, b).square().sum().backward()
-                times[name].append((time.perf_counter() - start) / inner)
-        old, new = median(times["X W^T"]), median(times["W X^T"])
+
+        def forward_backward(fn: Callable[..., torch.Tensor]) -> None:
+            for _ in range(inner):
+                w.grad = b.grad = x.grad = None
+                fn(x, w, b).square().sum().backward()
+
+        timing = interleaved({"X W^T": lambda: forward_backward(x_wt), "W X^T": lambda: forward_backward(w_xt)},
+                             args.repeats, warmup=0, baseline="X W^T")
+        times = {name: [t / inner for t in timing.values(name)] for name in timing.runs}
+        old, new = statistics.median(times["X W^T"]), statistics.median(times["W X^T"])
+        # speedup: the ratio of the medians, as docs/performance.md quotes it; the paired ratio beside it
         rows.append({"layer": label, "clients": k, "batch": bsz, "in": inp, "out": out,
-                     "x_wt_s": old, "w_xt_s": new, "speedup": old / new, "samples": times})
+                     "x_wt_s": old, "w_xt_s": new, "speedup": old / new,
+                     "speedup_paired": timing.ratio("X W^T", "W X^T"), "samples": times, "raw": timing.runs})
         print(f"{label:36s} {old * 1e3:11.3f} {new * 1e3:11.3f} {old / new:8.2f}x")
-    write_result(args.out, {"machine": machine(), "threads": 1, "repeats": args.repeats, "rows": rows})
+    write_result(args.out, {"repeats": args.repeats, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import data_dir, interleaved, machine, machine_label, paired_ratio, rate_and_cpu, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
+from benchmarks._common import data_dir  # noqa: E402
+from benchmarks.harness import interleaved, print_row, write_result  # noqa: E402
 
 from fednorm import api  # noqa: E402
 from fednorm.config import ExperimentConfig  # noqa: E402
@@ -60,17 +61,16 @@ def main() -> None:
     def one_by_one() -> int:
         return sum(api.run(c, data=d, write=False, progress=False).summary["samples_trained"] for c, d in zip(configs, datas))
 
-    runs = interleaved({"stacked": stacked, "one after another": one_by_one}, args.repeats, warmup=False)
-    rates = {name: rate_and_cpu(r) for name, r in runs.items()}
-    ratio = paired_ratio(runs, "stacked", "one after another")
-    label = machine_label()
-    print(f"{args.runs} x {args.method}+{args.norm} {args.model} on {args.dataset}, B={args.batch_size}, {args.rounds} rounds "
-          f"[{label}] samples/s (per CPU-s): " + "  ".join(f"{n} {w:.0f} ({c:.0f})" for n, (w, c) in rates.items())
-          + f" | paired: stacked / one after another {ratio:.2f}x", flush=True)
-    write_result(args.out, {"benchmark": "stacked_runs", "args": vars(args), "machine": machine(), "machine_label": label,
+    timing = interleaved({"stacked": stacked, "one after another": one_by_one}, args.repeats, warmup=0,
+                         baseline="one after another")
+    rates = {name: timing.rate_and_cpu(name) for name in timing.runs}
+    ratio = timing.ratio("stacked", "one after another", "rate")
+    print_row(f"{args.runs} x {args.method}+{args.norm} {args.model} on {args.dataset}, B={args.batch_size}, {args.rounds} rounds",
+              timing.describe() + f" | paired: stacked / one after another {ratio:.2f}x")
+    write_result(args.out, {"benchmark": "stacked_runs", "args": vars(args),
                             "samples_per_s": {n: w for n, (w, _) in rates.items()},
                             "samples_per_cpu_s": {n: c for n, (_, c) in rates.items()},
-                            "stacked / one after another": ratio, "raw": runs})
+                            "stacked / one after another": ratio, "raw": timing.runs})
 
 
 if __name__ == "__main__":
