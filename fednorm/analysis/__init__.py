@@ -1,4 +1,4 @@
-"""Analysis tools of the LN paper (spec/003_ln_fn.md §4): feature vs class-embedding norms,
+"""Analysis tools of the LN paper (Zhang et al., 2024, Sec. 4.3): feature vs class-embedding norms,
 feature collapse, local overfitting on a one-class client, and ``fednorm analyze RUN_DIR``."""
 
 from .metrics import (

@@ -1,11 +1,11 @@
-"""The LN paper's analysis measures as plain functions (spec/003_ln_fn.md §4 items 3–5).
+"""The LN paper's analysis measures as plain functions (Zhang et al., 2024, Sec. 4.3, Figs. 2–3).
 
 * :func:`extract_features` — penultimate features of a model, raw (before FN) or as the head sees them.
 * :func:`norm_report` — per class: mean feature norm ``||h(x)||`` and class-embedding norm
   ``||w_c||`` (Fig. 3 left; Theorem 1: on a one-class client either the class embeddings or
   the features must grow without bound, and in practice the features do).
 * :func:`collapse_report` — singular values of a feature matrix, normalised by σ₁, with the
-  effective rank ``exp(H(σ/Σσ))`` and σ₁/σ₂ (Fig. 3 right; spec §5 row 19).
+  effective rank ``exp(H(σ/Σσ))`` and σ₁/σ₂ (Fig. 3 right; the last two are summaries added here).
 * :func:`local_overfitting` — a copy of the global model trained for a few plain-SGD steps on one
   client, with per-class accuracy and mean logits on a test set before and after (Fig. 2).
 * :func:`toggle_feature_norm` — the same weights with FN inserted (vanilla model) or removed
@@ -105,7 +105,8 @@ def effective_rank(sv: torch.Tensor) -> float:
 
 
 def collapse_report(features: torch.Tensor) -> dict[str, Any]:
-    """Spectrum of a feature matrix: σ/σ₁, effective rank, σ₁/σ₂ (Fig. 3 right; spec §5 row 19)."""
+    """Spectrum of a feature matrix: σ/σ₁, effective rank, σ₁/σ₂ (Fig. 3 right; the last two are
+    summaries added here)."""
     sv = singular_values(features)
     s1 = float(sv[0]) if len(sv) else 0.0
     return {
@@ -166,7 +167,7 @@ def local_overfitting(
 ) -> dict[str, Any]:
     """Train a copy of ``model`` for ``steps`` plain-SGD steps on one client; compare before and after.
 
-    The paper's Fig. 2 (spec §4 item 3): 5 local steps on a one-class client, then per-class
+    The paper's Fig. 2 (Zhang et al., 2024, Sec. 4.3): 5 local steps on a one-class client, then per-class
     accuracy on the whole test set: the vanilla model predicts the client's class almost
     everywhere, FN mitigates it. ``model`` is not modified. Batches are drawn without
     augmentation from a seeded permutation stream (reshuffled when the client is exhausted).

@@ -2,9 +2,9 @@
 
 Every public name of the package is importable from here; importing it registers every built-in
 dataset and partition. The modules import one another one way only (``tests/test_import_graph.py``):
-the families build on :mod:`~fednorm.data.base` and :mod:`~fednorm.data.partition_base`.
+the families build on ``fednorm.data.base`` and ``fednorm.data.partition_base``.
 
-The dispatching function ``partition(name, labels, ...)`` lives in :mod:`fednorm.data.partition`
+The dispatching function ``partition(name, labels, ...)`` lives in ``fednorm.data.partition``
 (not re-exported here, so that the submodule name is not shadowed).
 """
 

@@ -1,6 +1,6 @@
 """Feature-shifted digit domains generated from MNIST, USPS and CIFAR-10 (an offline Digits-5).
 
-FedBN's Digits benchmark (spec/004_fedbn.md §2.1) has five sources of the same ten digits:
+FedBN's Digits benchmark (Li et al., 2021, Sec. 5.1) has five sources of the same ten digits:
 MNIST, SVHN, USPS, SynthDigits and MNIST-M, all as 28×28×3. Only MNIST, USPS and CIFAR-10 are
 available offline, so this module builds five domains that reproduce the *kinds* of shift in
 Digits-5 — same P(y|x), different P(x):

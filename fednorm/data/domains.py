@@ -1,6 +1,6 @@
 """Multi-source (feature-shift) datasets: one array per split plus the source of every sample.
 
-FedBN's setting (spec/004_fedbn.md §2) gives each client one data source ("domain") with its
+FedBN's setting (Li et al., 2021, Sec. 5) gives each client one data source ("domain") with its
 own train and test split. A :class:`MultiDomainDataset` is an ordinary :class:`ImageDataset`
 (``data``, ``targets``) with two more attributes, ``domains`` (int64 source index of every
 sample) and ``domain_names``; the ``domains`` partition assigns whole sources to clients, and
@@ -53,13 +53,13 @@ def _writable(folder: Path) -> bool:
 
 @register_dataset("digits_domains")
 class DigitsDomains(MultiDomainDataset):
-    """Five feature-shifted digit domains built offline (see :mod:`fednorm.data.digits_domains`).
+    """Five feature-shifted digit domains built offline (see ``fednorm.data.digits_domains``).
 
     ``mnist``, ``usps``, ``synth`` (printed digits), ``mnistm`` (MNIST-M style) and ``colour``
     (colour/contrast/inversion shift), each 7,438 train / 1,860 test, 28×28×3, normalised with
     mean = std = 0.5 as FedBN's code. Needs MNIST, USPS and CIFAR-10 in ``root`` in any layout
     their loaders accept (e.g. the npz files of the team's shared data). The result is cached in
-    :func:`generated_cache_dir` (a copy placed in ``root`` is used too); the file name encodes
+    ``generated_cache_dir()`` (a copy placed in ``root`` is used too); the file name encodes
     the generator version, seed and fonts. Generation (seed 0) takes about ten seconds.
     """
 

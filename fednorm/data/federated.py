@@ -41,7 +41,7 @@ class FederatedData:
         client_domain: the source of each client when each holds one source, else ``None``.
         name: what a run records the data as when it was not built from the run's config
             (``dataset: user:NAME``; default: ``info.name``).
-        recipe: the config fields it was built from (:func:`federated_data_from_config`), so a
+        recipe: the config fields it was built from (``federated_data_from_config``), so a
             run can tell its config's data from data of the user's own.
     """
 
@@ -89,7 +89,7 @@ class FederatedData:
         ``N_k×C×H×W`` (or ``N_k×F``), already normalised as you want the model to see them, and
         ``y_k`` integer labels; ``test = (x, y)`` the global test set, cut into per-client test
         splits with each client's label mix (as fednorm's own datasets are). A run records it as
-        ``user:NAME`` with a content fingerprint (:mod:`fednorm.data.provenance`).
+        ``user:NAME`` with a content fingerprint (``fednorm.data.provenance``).
 
         Raises:
             DatasetError: shapes, dtypes or labels that do not fit together (one line, naming the client).

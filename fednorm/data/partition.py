@@ -5,7 +5,7 @@ sorted ``int64`` index array per client. It draws only from its own
 ``np.random.default_rng(seed)``, never the global RNG, and validates its arguments up front,
 raising :class:`~fednorm.errors.PartitionError` with the argument name, the bad value and what
 was expected. Work is bounded: no partitioner loops on random redraws without a cap. The schemes
-are the non-IID generators of the papers fednorm reproduces (spec/all_methods.md §E): IID, the
+are the non-IID generators of the papers fednorm reproduces: IID, the
 per-class Dirichlet label skew (HBN, LN/FN, FBN App. C), k classes per client (LN/FN
 ``class_part``, FedTAN's class ring), FBN's γ-similarity (from SCAFFOLD) and quantity skew
 (NIID-Bench). They are registered in :data:`PARTITIONS` and dispatched by :func:`partition`, which
@@ -254,8 +254,8 @@ def split_like(test_labels: Any, train_hist: Any, *, seed: int) -> list[np.ndarr
     proportion to their training counts ``train_hist[:, c]``, with largest-remainder rounding
     (ties broken at random), so every test index of a class held by some client is used exactly
     once. Test samples of classes no client holds (including labels ``>= train_hist.shape[1]``)
-    are left out. This is the per-client evaluation of the LN/FN paper ("each client's test split
-    has the same label distribution as its train split", spec/003_ln_fn.md §2.1, §2.3) and of
+    are left out. This is the per-client evaluation of the LN/FN paper (Zhang et al., 2024, App. C.2–C.3; in
+    the authors' released code each client's test split has its train split's label distribution) and of
     FedBN-style personalised evaluation. [code≠here] LN/FN's code scales train shares by a fixed
     test/train ratio with rounding fix-ups; proportional apportioning gives the same split up to
     rounding and always uses the whole test set.

@@ -54,7 +54,7 @@ def domains(
     per_client: int | None = None,
     fraction: float | None = None,
 ) -> list[np.ndarray]:
-    """Feature-shift split (FedBN, spec/004_fedbn.md §2.1): whole data sources go to clients.
+    """Feature-shift split (FedBN, Li et al., 2021, Sec. 5.1): whole data sources go to clients.
 
     Each selected source ("domain") is shuffled and cut into ``clients_per_domain`` clients of
     *equal* size, the same size for every source, as the paper equalises local datasets (743

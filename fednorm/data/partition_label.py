@@ -1,5 +1,5 @@
 """The label partitions: IID, per-class Dirichlet label skew, k classes per client, FBN's
-γ-similarity and quantity skew (the non-IID generators of spec/all_methods.md §E).
+γ-similarity and quantity skew (the non-IID generators of the papers fednorm reproduces).
 
 Split out of :mod:`fednorm.data.partition` (one module per family); they are registered in
 :data:`~fednorm.data.partition_base.PARTITIONS` and importable from :mod:`fednorm.data.partition`
@@ -37,7 +37,7 @@ __all__ = ["iid", "dirichlet", "classes", "gamma", "quantity"]
 def iid(labels: Any, num_clients: int, *, seed: int) -> list[np.ndarray]:
     """Random equal split: shuffle all indices and cut them into ``num_clients`` near-equal parts.
 
-    The IID baseline of every paper (e.g. FedTAN §6.1: "shuffle 50k, equal shares"). Client sizes
+    The IID baseline of every paper (e.g. Wang et al., 2023, Sec. 6.1.1: shuffled, equal shares). Client sizes
     differ by at most one sample.
 
     Args:
@@ -71,8 +71,9 @@ def dirichlet(
 
     For every class c the proportions q_c over the K clients are drawn from a symmetric Dirichlet
     and the (shuffled) indices of c are cut at ``floor(cumsum(q_c)·n_c)``. This is the scheme of
-    Hsu et al. 2019 (arXiv:1909.06335) as used, per class, by HBN (spec/000_hbn.md §2.1,
-    ``sampling.py``) and the LN/FN paper's ``label_shift`` (spec/003_ln_fn.md §2.1), and of
+    Hsu et al. 2019 (arXiv:1909.06335) as used, per class, by HBN (Chen et al., 2025,
+    Sec. 4.1; its code's ``sampling.py``) and the LN/FN paper (Zhang et al., 2024, App. C.2; its
+    code's ``label_shift``), and of
     Yurochkin et al. (arXiv:1905.12022), as in Flower's ``DirichletPartitioner``. Smaller
     ``alpha`` means more skew; client sizes are unequal and, at small alpha, may be tiny.
 
@@ -89,8 +90,8 @@ def dirichlet(
     random subset. Dirichlet proportions are sampled in log space (see ``_sample_dirichlet``), so
     ``alpha`` as small as 1e-4 gives valid, NaN-free proportions.
 
-    FBN (spec/002_fbn.md §6) describes the per-*client* Hsu variant (q_i ~ Dir(alpha·p), equal
-    client sizes); this function implements the per-class variant, which the spec also lists.
+    FBN (Guerraoui et al., 2024, App. C.2) cites Hsu et al.'s method, which draws per *client*
+    (q_i ~ Dir(alpha·p), equal client sizes); this function implements the per-class variant.
 
     Args:
         labels: 1-D array of non-negative integer labels.
@@ -199,14 +200,14 @@ def classes(
       is shuffled before it is cut.
     - ``"sequential"``: ``perm`` is the identity, ``start_c = c·k``, classes are cut in dataset
       order. k = 2 with 5 clients on 10 classes gives FedTAN's CIFAR-10/MNIST split {0,1}, {2,3},
-      ... (spec/001_fedtan.md §4.1, the code's sort-and-chunk); k = 1 with C clients gives one
+      ... (Wang et al., 2023, Sec. 6.1.1; its released code sorts and chunks); k = 1 with C clients gives one
       whole class per client (LN/FN's and FBN's extreme case).
     - ``"ring"``: ``perm`` is the identity, ``start_c = floor(c·C/K)``, dataset order. This is
       FedTAN's Suppl. D ring (Fig. 5): with K = 5 clients on 10 classes, client c holds
       {2c, ..., 2c + k − 1} mod 10, so each class is held by k/2 clients. It equals
       ``"sequential"`` when k = C/K.
 
-    Relation to LN/FN's ``class_part`` (spec/003_ln_fn.md §2.1) [code≠here]: ``class_part`` cuts
+    Relation to LN/FN's ``class_part`` (the authors' released code) [code≠here]: ``class_part`` cuts
     each class into K·k/C chunks and lets each client draw k classes at random among those with
     chunks left, which can fail and needs another seed. Here the random class sets are k-windows
     of a random permutation: it never fails, every client gets exactly k distinct classes, and when
@@ -290,7 +291,7 @@ def gamma(labels: Any, num_clients: int, *, gamma: float, seed: int) -> list[np.
     A random ``round(γ·N)`` samples form the homogeneous part and are split IID into
     ``num_clients`` near-equal shares; the remaining samples are stably sorted by label (their
     order within a class stays random) and cut sequentially into ``num_clients`` near-equal chunks.
-    Client i gets IID share i plus chunk i (spec/002_fbn.md §6). ``gamma=1`` is IID; ``gamma=0``
+    Client i gets IID share i plus chunk i (Guerraoui et al., 2024, App. C.1). ``gamma=1`` is IID; ``gamma=0``
     is sort-and-chunk (FedTAN's code), which gives one class per client when the classes are
     balanced and ``num_clients`` equals the number of classes. Client sizes differ by at most 2.
 

@@ -248,8 +248,9 @@ class ImageFolder(ImageFolderDomains):
 
 @register_dataset("office_caltech10")
 class OfficeCaltech10(ImageFolderDomains):
-    """Office-Caltech10 (FedBN §5): amazon, caltech, dslr, webcam; the 10 shared classes; 256×256
-    by default as FedBN's AlexNet input; no mean/std normalisation in FedBN's code (here 0.5/0.5)."""
+    """Office-Caltech10 (Li et al., 2021, Sec. 5.2): amazon, caltech, dslr, webcam; the 10 shared
+    classes; 256×256 by default as FedBN's AlexNet input; no mean/std normalisation in FedBN's code
+    (here 0.5/0.5)."""
 
     base_folders = ("office_caltech_10", "office_caltech10", "OfficeCaltech10")
     default_image_size = 256
@@ -263,7 +264,7 @@ class OfficeCaltech10(ImageFolderDomains):
 
 @register_dataset("domainnet")
 class DomainNet(ImageFolderDomains):
-    """DomainNet with FedBN's top-10 classes (spec/004_fedbn.md §2.3); 256×256 by default. Uses
+    """DomainNet with FedBN's top-10 classes (Li et al., 2021, Sec. 5.2); 256×256 by default. Uses
     DomainNet's ``<domain>_{train,test}.txt`` lists when they are in the folder."""
 
     base_folders = ("domainnet", "DomainNet")

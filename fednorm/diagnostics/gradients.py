@@ -1,6 +1,6 @@
 """Gradient deviation: how far the clients' p-weighted gradient is from centralized BatchNorm's.
 
-FedTAN (spec/001_fedtan.md) traces FedAvg+BN's bias to each client's gradient being computed
+FedTAN (Wang et al., 2023, Sec. 3.1) traces FedAvg+BN's bias to each client's gradient being computed
 through its own batch statistics: on the union of the clients' batches the p-weighted sum of the
 clients' gradients differs from the gradient of centralized BN on the union batch (its B_i
 terms). This module measures that difference on a probe batch drawn across clients, at the

@@ -83,7 +83,7 @@ class DistributedSimulation(Simulation):
     current process group; rank 0 aggregates and writes. Same config, same results as the
     in-process simulator (to float rounding in lockstep methods' cross-rank sums).
 
-    Needs an initialised process group (:func:`init_distributed`).
+    Needs an initialised process group (``fednorm.distributed.init_distributed``).
     """
 
     def __init__(self, config: ExperimentConfig, data: FederatedData | None = None) -> None:

@@ -1,6 +1,6 @@
 """A new client that never trained: averaged weights plus BatchNorm statistics of its own data.
 
-FedBN has no global model (spec/004_fedbn.md §1.6, App. G): for an unseen client it uses the
+FedBN has no global model (Li et al., 2021, App. G): for an unseen client it uses the
 shared weights, the *average* of the clients' BN affine parameters (γ, β), and BN statistics
 (mean, variance) computed on the new client's own data, as AdaBN/SiloBN do. Here every tensor
 the method keeps local is averaged (uniformly) over the clients that hold one, so the same call
@@ -156,6 +156,7 @@ class AdaptResult:
     state: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
+        """The result as JSON-ready numbers (accuracies as fractions): what ``adapt-*.json`` holds."""
         return {
             "source": self.source,
             "method": self.method,
@@ -168,7 +169,7 @@ class AdaptResult:
         }
 
     def describe(self) -> str:
-        """One line for a person, accuracies in percent (:meth:`summary` keeps the fractions: it
+        """One line for a person, accuracies in percent (``summary()`` keeps the fractions: it
         is the data written to ``adapt-*.json``)."""
         pct = lambda a: "n/a" if math.isnan(a) else f"{100 * a:.2f}%"  # noqa: E731
         who = "a new client" if self.new_client else "data the run trained on"

@@ -136,7 +136,8 @@ def _sgd_step(params: list[torch.Tensor], buffers: list[torch.Tensor | None], lr
 def _dsgd_step(
     params: list[tuple[str, nn.Parameter]], lr: float, spec: LocalSpec, momentum: dict[str, torch.Tensor] | None
 ) -> dict[str, torch.Tensor]:
-    """One DSGD client step: m <- beta*m + (1-beta)*g (byzfl's convention, FBN spec §4), w <- w - lr*m."""
+    """One DSGD client step: m <- beta*m + (1-beta)*g, w <- w - lr*m (byzfl's convention for the
+    FBN paper's DSGD, Guerraoui et al., 2024, App. B)."""
     beta = spec.momentum
     new_m: dict[str, torch.Tensor] = {}
     with torch.no_grad():

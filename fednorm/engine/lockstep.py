@@ -1,7 +1,7 @@
 """One synchronised local step of all clients in a stacked model (FedTAN's first step).
 
-FedTAN (spec/001_fedtan.md §3) makes the first local step of every round exact centralized
-BatchNorm training on the union of the clients' batches: each BN layer's mean, then variance
+FedTAN (Wang et al., 2023, Sec. 5, Algorithms 1–3) makes the first local step of every round
+exact centralized BatchNorm training on the union of the clients' batches: each BN layer's mean, then variance
 around that mean, are aggregated across clients in the forward pass, and the gradients with
 respect to them in the backward pass. In a stacked model the clients are channel blocks of one
 network, so the aggregation is a reduction over the client axis inside

@@ -64,7 +64,7 @@ class ClientContext:
         uploads: tensors sent to the server besides the shared weights (e.g. statistics);
             every client of a round must upload the same keys and shapes, except that a
             per-step upload may differ in its leading dimension (clients take different numbers
-            of local steps): :func:`stack_rows` zero-pads it to the longest, so the method must
+            of local steps): ``stack_rows`` zero-pads it to the longest, so the method must
             read an all-zero row as "no such step" (e.g. a zero count).
         lr: this round's learning rate.
     """
@@ -87,7 +87,7 @@ class ClientContext:
 @dataclass
 class StackedClientContext:
     """A chunk of a round's clients as the vectorized executor holds them: one stacked model
-    (:mod:`fednorm.nn.stacked`, every tensor ``[K, ...]``, activations client-concatenated),
+    (``fednorm.nn.stacked``, every tensor ``[K, ...]``, activations client-concatenated),
     handed to the method's stacked client hooks (:meth:`Method.stacked_client_begin`,
     :meth:`Method.stacked_client_end`). Position ``i`` of every list is client ``client_ids[i]``,
     row ``i`` of every stacked tensor.
@@ -99,7 +99,7 @@ class StackedClientContext:
             local ones; hooks may run it or change it (e.g. attach recorders to its layers).
             During training each forward pass runs the clients that still have a batch; the
             executor tells the stacked norm layers which rows those are
-            (:func:`~fednorm.nn.stacked.set_forward_clients`).
+            (``fednorm.nn.stacked.set_forward_clients``).
         x, y: each client's training samples (a sequence gathered on first access: read only what the method needs).
         global_state: the downloaded global state (read-only).
         local_states: each client's persistent state from the bank (mutable, as
@@ -110,7 +110,7 @@ class StackedClientContext:
         num_steps: each client's local steps, set by the executor once training is over
             (for :meth:`Method.stacked_client_end`).
         seeds, global_states: each row's run seed and downloaded global state when the chunk
-            holds the clients of several runs (:mod:`fednorm.engine.stacked_runs`); empty for
+            holds the clients of several runs (``fednorm.engine.stacked_runs``); empty for
             one run. Hooks read them through :meth:`seed_of` and :meth:`global_state_of`.
     """
 
@@ -239,7 +239,7 @@ class Method:
     Subclasses override :meth:`select_local_keys` (what stays on the client) and
     :meth:`aggregate` (how shared tensors are combined).
 
-    Class attributes:
+    Attributes:
         name: registry key.
         personalized: evaluate each client with its own model (shared tensors + its local ones).
         requires_lockstep: needs all clients of a round to execute step by step together
@@ -298,7 +298,7 @@ class Method:
 
     def setup(self, model: nn.Module) -> None:
         """Inspect the model once, before round 1, and fix the shared/local/dropped split: the
-        normalization policy's local keys plus the method's own (:meth:`select_local_keys`)
+        normalization policy's local keys plus the method's own (:meth:`Method.select_local_keys`)
         stay local, its dropped keys are neither sent nor kept, the rest is shared."""
         self.state_keys = list(model.state_dict().keys())
         self.local_keys = set(self.select_local_keys(model)) | self.policy.keys(model, "local")
@@ -326,7 +326,7 @@ class Method:
 
     @property
     def broadcast_keys(self) -> list[str]:
-        """The keys every client downloads: the shared ones and the server-recomputed (dropped) ones."""
+        """The keys every client downloads, the shared ones and the server-recomputed (dropped) ones."""
         return [k for k in self.state_keys if k not in self.local_keys]
 
     def initial_client_state(self, client_id: int, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,4 +1,5 @@
-"""FBN: Federated BatchNorm and robust FBN (Guerraoui et al. 2024; spec/002_fbn.md).
+"""FBN: Federated BatchNorm and robust FBN (Guerraoui et al., 2024, "Overcoming the Challenges of
+Batch Normalization in Federated Learning").
 
 Every client normalises with the shared running statistics of the previous round (the FBN
 layers' buffers, :mod:`fednorm.nn.fbn`); during local training the layers record each batch's
@@ -7,54 +8,55 @@ running statistics (Algorithm 2, steps 5–7) besides its weights, and the serve
 with the between-client correction (Eq. 9–10) so that the shared statistics equal centralized
 BatchNorm's running statistics on the union of the clients' batches.
 
-Design choices (spec §4, §8.4, §10; docs/fbn.md):
+Design choices (docs/fbn.md):
 
-* **Unbiasing factor on the server** (spec §4 [rec], B3, B11). Clients upload Eq. 6 *without*
+* **Unbiasing factor on the server** (fednorm's choice). Clients upload Eq. 6 *without*
   the ``Kn/(Kn−1)`` factor (a client cannot know the global count when clients drop out or hold
   unequal batches) together with their count K_i; the server applies ``c = M/(M−1)``,
   ``M = ΣK_i``, and count weights ``K_i/M``. With equal counts and the plain mean this is exactly
   Algorithm 2.
 * **DSGD** (``dsgd: true``, one step per round) is the paper's setting (Algorithm 3); both modes
   below coincide there.
-* **More local steps** (not in the paper, spec §4 / B1), ``mode``:
+* **More local steps** (not in the paper), ``mode``:
 
-  - ``exact`` (default; the spec's ``fbn_exact``): every step of the round normalises with the
+  - ``exact`` (default; ``fbn_exact``): every step of the round normalises with the
     round-start statistics; the client uploads one one-step local copy per step (``[E, C]``);
     the server aggregates each step with Eq. 9–10 and replays the centralized EMA over the E
-    union batches. Exact for any E (claim F10). Needs the same E on every client (use
+    union batches. Exact for any E (tested in float64). Needs the same E on every client (use
     ``dsgd`` or ``local_steps``).
   - ``literal`` (``fbn_literal``): the client applies steps 5–6 E times from the shared
     statistics and uploads the result; the server applies Eq. 9–10 once. Exact only for E = 1:
     the between-client term then mixes E steps, so the β-correction is no longer exact.
-  - ``round_average``: the FBN baseline of HBN's released code (spec/000_hbn.md §2.4,
-    ``FedBaseline/models/FBN``), which made HBN Table 1's FBN row. The client uploads the
+  - ``round_average``: the FBN baseline of HBN's released code
+    (``FedBaseline/models/FBN``), which made HBN Table 1's FBN row. The client uploads the
     uniform average of its round's per-batch means and biased variances; the server pools them
     with count weights, μ = Σ N_k μ_k / N, and moves the shared statistics a momentum step
     toward them, then computes σ² = Σ N_k [σ_k² + (μ_k − μ̃)²] / (N − 1) about the *smoothed*
     mean μ̃ (as the code does) and moves the variance the same way. Not centralized BatchNorm
     for any E; every batch of the round counts, where ``literal`` keeps mostly the last few.
     N_k is the client's number of training samples (``num_examples``, the code's dataset size).
-* **Robust FBN** (``aggregator``/``nnm`` in the config; spec §8.4 [rec], two-stage rule):
+* **Robust FBN** (``aggregator``/``nnm`` in the config; Guerraoui et al., 2024, Sec. 5, as a
+  two-stage rule, fednorm's reading of it):
   ``ū_run = Agg(NNM(ū_run^(i)))`` over each client's vector of all layers' means, then
   ``σ̂²_run = max(Agg(NNM(v_i)), 0)`` with the per-client corrected variance
   ``v_i = σ̂²_run^(i) + (c/β)(ū_run^(i) − ū_run)²`` (unbiasing as above). Under the mean this
   is exactly Eq. 9–10. ``robust_variance: literal`` gives the alternative reading
   ``Agg(σ̂²_run^(i)) + (c/β)·Agg((ū_run^(i) − ū_run)²)``. By default (``robust_targets: both``)
-  the same rule also combines the weights (the spec: "the same NNM + Agg to the client
-  momentums"); ``robust_targets: stats`` keeps the weights' mean.
+  the same rule also combines the weights (the client momentums of Robust-DSGD);
+  ``robust_targets: stats`` keeps the weights' mean.
 * **Unequal clients** (paper footnote 2; Dirichlet and quantity-skew partitions, drop_last
   remainders). The statistics are always count-weighted (above). In ``exact`` mode a client that
   took fewer steps uploads fewer rows; step e of the replay aggregates the clients that took an
   e-th step, so the shared statistics equal centralized BatchNorm's running statistics over the
   sequence of union batches "every client's e-th batch" (tested in float64).
-* **Initial statistics** (spec B10, ``initial_pass``): the paper starts the shared statistics at
+* **Initial statistics** (``initial_pass``): the paper starts the shared statistics at
   (0, 1), so the first rounds barely normalise. With ``initial_pass`` the round-0 statistics are
   exact statistics of the initial model on the clients' data, from L statistics-only exchanges
   (L FBN layers; each pass recomputes every layer under the statistics set so far, so after pass k
   the first k layers in forward order are exact whatever the module order). Default ``"auto"``:
   on with local epochs/steps (FedAvg), off under DSGD, where the paper's loop stays as written.
-* **Weights** (α, ζ and the rest) are averaged with sample-count weights by default (spec B11
-  [rec]), which is the paper's uniform 1/n when clients hold equal shards (its setting) and keeps
+* **Weights** (α, ζ and the rest) are averaged with sample-count weights by default
+  (fednorm's choice), which is the paper's uniform 1/n when clients hold equal shards (its setting) and keeps
   a client with five samples from weighing as much as one with five hundred otherwise
   (``weighting: uniform`` is the literal 1/n).
 """
@@ -95,7 +97,8 @@ def corrected_variance(
     momentum: float,
     decay: torch.Tensor | float,
 ) -> torch.Tensor:
-    """Per-client corrected variance ``v_i`` whose count-weighted mean is Eq. 10 (spec §4, §8.4).
+    """Per-client corrected variance ``v_i`` whose count-weighted mean is Eq. 10 (Guerraoui et al.,
+    2024, Sec. 4–5).
 
     ``v_i = a·σ̂²_run + c·(σ̂²_run^(i) − a·σ̂²_run) + (c/β)·(ū_run^(i) − ū)²`` with ``c = M/(M−1)``,
     ``M = Σ count``, ``a = decay`` (``1 − β`` for a one-step copy). ``local_var`` holds copies
@@ -117,12 +120,12 @@ class FBN(FedAvg):
             ``"round_average"`` (HBN's code: per-round averages, one server EMA step per round).
             (default: ``"exact"``)
         robust_variance: robust rule for the variance: ``"two_stage"`` (aggregate the
-            per-client corrected variances, spec §8.4 [rec]) or ``"literal"``. (default:
+            per-client corrected variances, fednorm's reading) or ``"literal"``. (default:
             ``"two_stage"``)
-        weighting: weights of the model average: ``"num_examples"`` (count weights, spec B11; the
+        weighting: weights of the model average: ``"num_examples"`` (count weights; the
             paper's 1/n for equal shards) or ``"uniform"``. (default: ``"num_examples"``)
         initial_pass: start from exact statistics of the initial model (statistics-only
-            exchanges before round 1, spec B10) instead of (0, 1): ``True``, ``False`` or
+            exchanges before round 1) instead of (0, 1): ``True``, ``False`` or
             ``"auto"`` (on unless the run is DSGD, the paper's loop). (default: ``"auto"``)
         stats_batch_size: chunk size of the statistics pass. (default: 512)
     """
@@ -283,7 +286,7 @@ class FBN(FedAvg):
 
     # -- server -----------------------------------------------------------------------------
     def initial_state(self, sim: ServerView) -> dict[str, torch.Tensor] | None:
-        """The exact statistics of the initial model on the sampled clients' data (spec B10):
+        """The exact statistics of the initial model on the sampled clients' data:
         L statistics-only exchanges, each recomputing every layer under the statistics set by
         the previous one, so after L passes every layer holds the unbiased statistics of its
         input under the normalisation the model will train with."""
@@ -385,7 +388,7 @@ class FBN(FedAvg):
         """Refuse a robust rule in ``round_average`` mode when it is set (while the run is built)."""
         if getattr(self, "mode", None) == "round_average" and rule is not None and not rule.is_mean:
             raise ConfigError(
-                "FBN mode 'round_average' (HBN's code) has no robust rule: robust FBN (spec/002_fbn.md §8.4) is defined "
+                "FBN mode 'round_average' (HBN's code) has no robust rule: robust FBN (Guerraoui et al., 2024, Sec. 4) is defined "
                 "on Algorithm 2's local copies; use mode 'exact' or 'literal', or robust_targets: updates"
             )
         self._stats_aggregator = rule

@@ -184,7 +184,7 @@ def test_fbn_layers_need_the_fbn_method_and_fbn_needs_them():
 
 
 def test_initial_pass_gives_every_layer_the_exact_statistics_of_its_input_on_the_union(tmp_path):
-    """Spec B10 (``initial_pass``): before round 1 the shared statistics of every FBN layer are
+    """``initial_pass``: before round 1 the shared statistics of every FBN layer are
     the unbiased mean and variance of that layer's input over all clients' training samples,
     with every layer normalising with the statistics so set (float64, independent reference:
     one centralized forward over the union with hooks, numpy moments). DSGD keeps (0, 1)."""
@@ -209,7 +209,8 @@ def test_initial_pass_gives_every_layer_the_exact_statistics_of_its_input_on_the
 
 def test_round_average_mode_is_hbn_codes_fbn_baseline():
     """``mode: round_average`` against a numpy transcription of HBN's released FBN baseline
-    (spec/000_hbn.md §2.4): each client averages its round's per-batch mean and biased variance
+    (the authors' ``FedBaseline/models/FBN``): each client averages its round's per-batch mean and
+    biased variance
     uniformly; the server pools with sample counts, takes a momentum step for the mean, and the
     variance Σ N_k[σ_k² + (μ_k − μ̃)²]/(N − 1) about the smoothed mean μ̃, then a momentum step.
     Unequal clients (steps 3, 1, 2; batches 3, 5, 2), two rounds, float64. The layer inputs come

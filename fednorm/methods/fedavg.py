@@ -76,8 +76,8 @@ class FedAvg(Method):
 
     def robust_aggregate(self, updates: ClientUpdates, weights: torch.Tensor, keys: list[str]) -> dict[str, torch.Tensor]:
         """``keys`` aggregated in three groups: statistics means and statistics variances with
-        :attr:`stats_aggregator` (robust naive BN, spec/002_fbn.md §8.4), all other floating
-        tensors (the model update) with :attr:`aggregator`. Each group is one vector per client,
+        ``stats_aggregator`` (robust naive BN, Guerraoui et al., 2024, Sec. 5), all other floating
+        tensors (the model update) with ``aggregator``. Each group is one vector per client,
         so NNM measures distances over the whole group; integer tensors take the maximum."""
         stats = self.statistics_keys()
         means = [k for k in keys if k in set(stats["mean"])]

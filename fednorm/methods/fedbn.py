@@ -1,6 +1,6 @@
 """FedBN and SiloBN: BatchNorm tensors that stay on their client.
 
-FedBN (Li et al., ICLR 2021; spec/004_fedbn.md §1.2): every tensor of a BatchNorm layer —
+FedBN (Li et al., ICLR 2021, Sec. 4.1): every tensor of a BatchNorm layer —
 affine ``weight``/``bias``, ``running_mean``/``running_var`` and ``num_batches_tracked`` — stays
 local; everything else is averaged. SiloBN (Andreux et al. 2020): only the statistics (the
 buffers) stay local; the affine parameters are averaged. Both select BN tensors by module type

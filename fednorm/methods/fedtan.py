@@ -1,5 +1,5 @@
 """FedTAN and FedTAN-II (Wang et al., "Why Batch Normalization Damage Federated Learning on
-Non-IID Data?", IEEE TNNLS 2023; spec/001_fedtan.md).
+Non-IID Data?", IEEE TNNLS 2023, arXiv:2301.02982).
 
 FedAvg + BN is biased on non-IID data because each client's gradient is computed through its
 own batch statistics. FedTAN makes the *first* local step of every round exact centralized
@@ -7,19 +7,19 @@ BatchNorm on the union of the clients' batches: in the forward pass each BN laye
 then variance around the global mean are aggregated across clients (Algorithm 2), in the
 backward pass the gradients with respect to them (Algorithm 3). Steps 2..E are ordinary local
 BN steps and the round ends with FedAvg, running statistics averaged naively (Eq. 7), as the
-paper does (spec A12).
+paper does (Wang et al., 2023, Sec. 5.1).
 
 Here the synchronised step runs on the vectorized executor: the round's clients are one stacked
 model whose BN layers reduce over the client axis through the engine's
 :class:`~fednorm.nn.comm.ClientComm`, and autograd supplies Algorithm 3. The layer-wise order
-of a residual network's BN layers (spec A5) is therefore automatic, and the same layer code
+of a residual network's BN layers is therefore automatic, and the same layer code
 runs over ``torch.distributed`` once the reduction is a collective.
 
 Communication is counted where it happens, not derived: the layer-wise exchanges by the
 ``ClientComm`` of the synchronised step (two per BN layer forward, one backward: 3L + 1 per
 round with the model exchange, the paper's count), the model exchange by the simulator.
 
-Choices where the paper is silent (spec §8), all documented in docs/fedtan.md:
+Choices where the paper is silent, all documented in docs/fedtan.md:
 
 - A1: statistics are aggregated with count weights ``B_i / ΣB`` (exactly the union's); Eq. 7
   uses the FedAvg weights ``|D_i| / |D|``. They coincide in every paper experiment.
@@ -131,7 +131,7 @@ class FedTAN(FedAvg):
 class FedTANForward(FedTAN):
     """The paper's "FedAvg + Algorithm 2" baseline (a simplified FedDNA): the first step shares
     the forward statistics only; each client backpropagates with its own statistics' gradients
-    and its own count (spec A8). Shows why FedTAN's backward half matters."""
+    and its own count. Shows why FedTAN's backward half matters (Wang et al., 2023, Sec. 6.1.3)."""
 
     name = "fedtan_forward"
     backward_sync = False

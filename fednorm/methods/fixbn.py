@@ -4,8 +4,8 @@ Phase 1 (rounds ``1 .. switch_round``): FedAvg with plain BatchNorm, running sta
 naively. Phase 2 (rounds after ``switch_round``): every BatchNorm normalises with the
 aggregated running statistics of the end of phase 1, in training as in evaluation, and these are
 no longer updated nor aggregated; the affine parameters keep training. This follows the HBN
-authors' code (spec/000_hbn.md §5 row 18: "second half trains in eval mode") and the FBN paper's
-protocol (spec/002_fbn.md §6: switch at T/2, i.e. 1500 of 3000 iterations).
+authors' released code (the second half trains in eval mode) and the FBN paper's protocol
+(Guerraoui et al., 2024, App. C.1: switch at T/2, i.e. 1500 of 3000 iterations).
 """
 
 from __future__ import annotations

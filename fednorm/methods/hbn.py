@@ -1,4 +1,4 @@
-"""HBN: Hybrid Batch Normalisation (Chen et al., ICML 2025; spec/000_hbn.md).
+"""HBN: Hybrid Batch Normalisation (Chen et al., ICML 2025, arXiv:2505.21877).
 
 Each round, before local training, every participating client runs a statistics pass under the
 *downloaded* global weights (Eq. 7) and uploads, per HBN layer, the exact ``(count, mean, biased
@@ -12,11 +12,11 @@ released code's ``running_num``), not the ``samples × H × W`` values a conv ch
 ``bessel_count="elements"`` gives the latter (a relative variance difference of about
 ``1/N − 1/(N·H·W)``, 0.16% with the code's 10 clients × 64 samples).
 
-Evaluation follows the paper (§4.1, spec §2.3): the round's clients recompute their statistics
+Evaluation follows the paper (Sec. 4.1): the round's clients recompute their statistics
 under the *new* global weights and these, pooled with lambda = 1, normalise the test set; so the
 statistics used at test time describe the evaluated weights rather than lagging one round.
 
-Two presets (spec §5): ``paper`` (the default: statistics from all local data, pure local
+Two presets: ``paper`` (the default: statistics from all local data, pure local
 statistics uploaded, lambda 0.01, alpha local, round T+1) and ``reference-code`` (the released
 code's choices: statistics from the client's first 64 samples in the code's class-sorted order,
 with the training augmentation, the hybrid statistics of that forward uploaded, lambda 0.002,
@@ -111,7 +111,7 @@ class HBN(FedAvg):
             averaged like a weight; a client starts from the global alpha and keeps its own after
             its first round, the code).
         stats_init: how the EMA of Eq. 11 starts: ``"zeros_ones"`` (from (0, 1); paper and code),
-            ``"first_round"`` (the first pool replaces (0, 1), then lambda; spec §5 row 8) or
+            ``"first_round"`` (the first pool replaces (0, 1), then lambda; neither paper nor code) or
             ``"debiased"`` (Adam's bias correction: lambda_t = lambda / (1 − (1 − lambda)^t), so the
             statistics are the pools' own EMA normalised by its weight; about the mean of the pools
             while t ≪ 1/lambda, lambda in the long run).
@@ -530,7 +530,8 @@ class HBN(FedAvg):
 
     def evaluation_state(self, sim: ServerView) -> dict[str, torch.Tensor]:
         """The round's (or every) clients' statistics under the new weights, pooled with
-        lambda = 1 (§4.1); the global buffers with ``eval_resync="off"`` or before round 1."""
+        lambda = 1 (Chen et al., 2025, Sec. 4.1); the global buffers with ``eval_resync="off"`` or
+        before round 1."""
         if self.eval_resync == "off" or not self._last_round_clients:
             return sim.global_state
         return self.synced_state(sim, sim.all_clients() if self.eval_resync == "all" else self._last_round_clients)

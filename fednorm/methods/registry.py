@@ -15,6 +15,7 @@ register_method = METHODS.register
 
 
 def list_methods(include: Any = None, exclude: Any = None) -> list[str]:
+    """The registered method names, sorted; ``include``/``exclude`` filter them by fnmatch patterns."""
     return METHODS.list(include, exclude)
 
 

@@ -1,6 +1,6 @@
 """SingleSet: every client trains alone on its own data, with no communication.
 
-The FedBN paper's lower baseline (spec/004_fedbn.md §1.5, Table 1 "SingleSet"): each client
+The FedBN paper's lower baseline (Li et al., 2021, Sec. 5.2, Table 1 "SingleSet"): each client
 trains a model on its local data for the same number of epochs as the federated methods. Here
 it is a method whose every tensor is local, so it runs on the same engine, data, batches and
 seeds as FedAvg and FedBN: all clients start from the same initialisation, nothing is uploaded

@@ -1,8 +1,9 @@
 """The papers' models, built by name with a swappable norm: ``get_model("resnet20", norm="gn")``.
 
-Registered models (spec section in parentheses): ``simple_cnn`` (HBN §2.2), ``fedbn_cnn``
-(FedBN §2.1), ``fbn_cnn`` (FBN §6), ``ln_cnn`` (LN paper §2.2), ``resnet20`` (FedTAN §4.2),
-``resnet18`` (LN paper §2.2, HBN §2.2), ``ln_resnet18`` (the LN paper's norm-after ResNet-18), ``vgg11`` (HBN §2.2) and ``mlp`` (FedTAN §4.2). Every
+Registered models (the paper's section in parentheses): ``simple_cnn`` (HBN App. B.1),
+``fedbn_cnn`` (FedBN App. D.2), ``fbn_cnn`` (FBN App. C.1), ``ln_cnn`` (LN paper App. C.1),
+``resnet20`` (FedTAN Sec. 6.1.1), ``resnet18`` (LN paper App. C.1, HBN Sec. 4.1), ``ln_resnet18``
+(the LN paper's norm-after ResNet-18), ``vgg11`` (HBN Table 5) and ``mlp`` (FedTAN Sec. 6.1.1). Every
 model is a :class:`ClassifierModel` with ``forward_features``, ``head`` and ``num_features``.
 """
 

@@ -3,7 +3,7 @@
 Every model is a :class:`ClassifierModel`: ``forward_features(x)`` returns the penultimate
 feature vector ``(N, d)``, ``head`` is the final ``nn.Linear`` and ``forward(x)`` is
 ``head(forward_features(x))``, with ``num_features == d``. Feature normalization (FN,
-spec/003_ln_fn.md §1.2) and MOON's representations hook into this split. Sizes of flattened
+Zhang et al., 2024) and MOON's representations hook into this split. Sizes of flattened
 feature maps are computed from ``input_size`` when the model is built (no lazy modules), so the
 same architecture runs on 8×8 digits, 28×28 MNIST-like digits and 32×32 CIFAR.
 """

@@ -1,7 +1,7 @@
 """FedTAN's MNIST DNN, generalized: ``flatten → Linear → Norm1d → ReLU → Linear``.
 
-spec/001_fedtan.md §4.2: "Linear(784→30) → BN1d(30) → activation → Linear(30→10)", with the
-activation unstated and ReLU recommended (§8 A10); 23,920 parameters at 784-30-10 with BN.
+The FedTAN paper (Wang et al., 2023, Sec. 6.1.1): a 784 × 30 × 10 DNN whose hidden layer is
+followed by BN, the activation unstated (ReLU here); 23,920 parameters at 784-30-10 with BN.
 """
 
 from __future__ import annotations
@@ -71,5 +71,5 @@ def mlp(
     norm_layer: NormSpec = "bn",
     hidden: int = 30,
 ) -> MLP:
-    """FedTAN's MNIST MLP (spec/001_fedtan.md §4.2), any input size; see :class:`MLP`."""
+    """FedTAN's MNIST MLP (Wang et al., 2023, Sec. 6.1.1), any input size; see :class:`MLP`."""
     return MLP(num_classes=num_classes, in_channels=in_channels, input_size=input_size, norm_layer=norm_layer, hidden=hidden)

@@ -118,7 +118,8 @@ def test_resnet20_option_a_shortcut_is_parameter_free() -> None:
 
 def test_fbn_cnn_parameter_count_fbn_6() -> None:
     model = get_model("fbn_cnn", num_classes=10)
-    # spec/002_fbn.md §6 [derived]: 1,310,922 parameters, all trainable; 768 running statistics.
+    # FBN's CNN (Guerraoui et al., 2024, App. C.1, Table 1), counted by hand: 1,310,922
+    # parameters, all trainable; 768 running statistics.
     assert _num_params(model) == sum(p.numel() for p in model.parameters()) == 1_310_922
     assert _num_running_stats(model) == 768
     assert model.fc[0].in_features == 8192
@@ -133,7 +134,7 @@ def test_mlp_parameter_count_fedtan_4_2() -> None:
 
 def test_resnet18_parameter_counts() -> None:
     assert _num_params(get_model("resnet18")) == 11_173_962
-    # torchvision's ImageNet ResNet-18, HBN's Tiny-ImageNet model (spec/000_hbn.md §2.2).
+    # torchvision's ImageNet ResNet-18, HBN's Tiny-ImageNet model (Chen et al., 2025, Sec. 4.1).
     assert _num_params(get_model("resnet18", stem="imagenet", num_classes=1000)) == 11_689_512
 
 

@@ -51,7 +51,7 @@ def get_model(
             head (``sqrt(d) * z / ||z||``; :func:`fednorm.nn.feature_norm.with_feature_norm`).
             ``norm="fn"`` implies it (with no norm in the body); other LN-paper variants
             (``ln_before``, ``ln_reduced``, ``fn_inside_*``) set model options such as
-            ``norm_position`` (see :mod:`fednorm.nn.ln_variants`).
+            ``norm_position`` (see ``fednorm.nn.ln_variants``).
         **kwargs: model-specific options (``None`` values are dropped so that builder
             defaults apply).
 

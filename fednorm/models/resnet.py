@@ -3,9 +3,10 @@
 :class:`ResNet` covers both: a 3×3 stem without max-pool (or torchvision's ImageNet stem), stages
 of :class:`BasicBlock`, global average pooling and a linear head. Two shortcut types exist:
 option A (He et al. 2016, §4.2: stride-2 subsampling plus zero channel padding, no parameters),
-used by ResNet-20 (spec/001_fedtan.md §4.2), and option B (1×1 conv, plus norm), used by
+used by ResNet-20 (FedTAN's, as its authors' released code builds it), and option B (1×1 conv,
+plus norm), used by
 ResNet-18. ``norm_position="after"`` moves every norm behind its activation, the LN paper's
-``group_norm_after`` ResNet (spec/003_ln_fn.md §1.3, §5 row 5).
+``group_norm_after`` ResNet (Zhang et al., 2024, App. C.1, and the authors' released code).
 """
 
 from __future__ import annotations
@@ -132,12 +133,13 @@ class ResNet(ClassifierModel):
         shortcut: ``"A"`` or ``"B"``, see :class:`BasicBlock`.
         norm_position: ``"before"`` (default) or ``"after"`` the activations, stem included.
         stem: ``"cifar"`` (conv3×3, stride 1, no max-pool) or ``"imagenet"`` (torchvision's
-            conv7×7 stride 2 + max-pool 3×3 stride 2; HBN's Tiny-ImageNet ResNet-18, spec/000 §2.2).
+            conv7×7 stride 2 + max-pool 3×3 stride 2; HBN's Tiny-ImageNet ResNet-18, Chen et al.,
+            2025, Sec. 4.1).
         init: ``"default"`` (torch's) or ``"kaiming_normal"`` (``kaiming_normal_`` on every conv
             and linear weight, as akamaster's ResNet-20; norm weights 1 and biases 0).
         norm_sites: ``"all"`` (default) or ``"block_output"``: a norm only on each residual
             block's post-ReLU output (stem and ``norm1`` are the identity), the LN paper's
-            "FedFN – inside ψ/φ" ResNets (Table 13; spec §5 row 22). Needs ``norm_position="after"``.
+            "FedFN – inside ψ/φ" ResNets (Zhang et al., 2024, Table 13). Needs ``norm_position="after"``.
     """
 
     def __init__(
@@ -216,7 +218,8 @@ def resnet20(
     input_size: int | Sequence[int] = 32,
     norm_layer: NormSpec = "bn",
 ) -> ResNet:
-    """CIFAR ResNet-20 with option-A shortcuts (spec/001_fedtan.md §4.2; akamaster's code).
+    """CIFAR ResNet-20 with option-A shortcuts (Wang et al., 2023, Sec. 6.1.1; akamaster's code, which
+    the authors' released code uses).
 
     Stem ``conv3×3(→16) → Norm → ReLU``; three stages of 3 blocks with 16, 32, 64 channels
     (stride 2 at the start of stages 2 and 3); option-A (zero-padding) shortcuts; global average
@@ -247,7 +250,7 @@ def resnet18(
     stem: Stem = "cifar",
     norm_sites: NormSites = "all",
 ) -> ResNet:
-    """CIFAR ResNet-18 (spec/003_ln_fn.md §2.2; spec/000_hbn.md §2.2 Table 5).
+    """CIFAR ResNet-18 (Zhang et al., 2024, App. C.1; Chen et al., 2025, Table 5).
 
     Stem ``conv3×3(→64, s1)`` with no max-pool; four stages of 2 BasicBlocks with 64, 128, 256,
     512 channels (strides 1, 2, 2, 2); 1×1 conv shortcuts (with a norm) where the shape changes;
@@ -255,8 +258,8 @@ def resnet18(
     11,173,962 parameters with ``"bn"`` and 10 classes. ``num_features`` is 512.
 
     ``norm_position="after"`` gives the LN paper's ResNet (``group_norm_after``): each norm
-    after its ReLU, in the stem and in the blocks, and shortcuts without norm (spec/003 §1.3,
-    §5 row 5; use with ``norm="ln"`` for FedLN-ResNet). ``stem="imagenet"`` gives torchvision's
+    after its ReLU, in the stem and in the blocks, and shortcuts without norm (the authors'
+    released code; use with ``norm="ln"`` for FedLN-ResNet). ``stem="imagenet"`` gives torchvision's
     ResNet-18 (HBN's Tiny-ImageNet model, 11,689,512 parameters with BN and 1000 classes).
     """
     return ResNet(
@@ -283,7 +286,7 @@ def ln_resnet18(
     norm_position: NormPosition = "after",
     norm_sites: NormSites = "all",
 ) -> ResNet:
-    """The LN paper's CIFAR ResNet-18 (spec/003_ln_fn.md §2.2, §5 row 5; code ``group_norm_after``).
+    """The LN paper's CIFAR ResNet-18 (Zhang et al., 2024, App. C.1; the released code's ``group_norm_after``).
 
     :func:`resnet18` with every norm *after* its ReLU, in the stem and in the blocks
     (``conv → ReLU → N → conv → (+ shortcut) → ReLU → N``), 1×1 conv shortcuts without a norm,

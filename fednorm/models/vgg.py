@@ -1,7 +1,7 @@
-"""CIFAR-style VGG (HBN Table 5's VGG-11, spec/000_hbn.md §2.2).
+"""CIFAR-style VGG (HBN Table 5's VGG-11; Chen et al., 2025).
 
 HBN uses torchvision's ImageNet VGG (three-layer 4096-wide classifier on 7×7×512 maps, dropout
-replaced by Identity, spec/000 §2.2). For 32×32 inputs fednorm uses the common CIFAR form
+replaced by Identity, in the authors' released code). For 32×32 inputs fednorm uses the common CIFAR form
 instead: the same convolutional configuration, a norm after every convolution, and a single
 ``Linear(512 → C)`` classifier on the 1×1×512 map left by the five pools. This choice keeps the
 model small enough for federated simulation and gives the penultimate 512-d features FN needs.

@@ -7,7 +7,7 @@ sum; a distributed runtime sums its local clients and then all-reduces across pr
 layer's code is the same in both.
 
 Every reduction is one *exchange* of the client-server protocol that FedTAN's paper counts
-(spec/001_fedtan.md §3.4): each participating client uploads its tensor, the server sums and
+(Wang et al., 2023, Sec. 5.3, 6.5.2): each participating client uploads its tensor, the server sums and
 broadcasts the result. The handle counts exchanges and bytes where they happen
 (:class:`CommTraffic`), so reported communication is a count, not a formula; the backward
 pass's exchanges (the gradients of the statistics) are counted the same way.
@@ -84,7 +84,7 @@ class CommTraffic:
 class ClientComm:
     """Interface: sums over every participating client, each one counted exchange.
 
-    Subclasses implement :meth:`_sum_participants`; everything else, the counting included,
+    Subclasses implement ``_sum_participants``; everything else, the counting included,
     is shared, so every runtime counts alike.
     """
 

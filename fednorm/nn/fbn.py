@@ -1,7 +1,7 @@
 """Federated BatchNorm (FBN) layers: normalise with the *shared* running statistics, always.
 
 FBN (Guerraoui et al. 2024, "Overcoming the Challenges of Batch Normalization in Federated
-Learning"; spec/002_fbn.md §3, Algorithm 2) replaces each BatchNorm. In training *and* in
+Learning", Sec. 4, Algorithm 2) replaces each BatchNorm. In training *and* in
 evaluation a layer normalises with its ``running_mean``/``running_var`` buffers, which hold the
 statistics shared by every client (step 2), so no gradient flows through batch statistics and
 every client applies the same per-channel affine map. The batch statistics only feed the
@@ -55,7 +55,7 @@ def federated_batch_norm(
 ) -> torch.Tensor:
     """FBN's normalisation (Algorithm 2, step 2): ``(x − ū_run)/sqrt(σ̂²_run + ε)·α + ζ``.
 
-    Identical in training and evaluation mode (FBN spec §3 "Gradients", claim F4): the running
+    Identical in training and evaluation mode (FBN paper, Guerraoui et al., 2024, Sec. 4): the running
     statistics are constants, so backpropagation sees a fixed per-channel affine map with
     ``∂y/∂x = α/sqrt(σ̂²_run + ε)`` and no coupling between the samples of a batch. ``training``
     and ``momentum`` are accepted for ``F.batch_norm``'s argument order; the statistics update
@@ -78,7 +78,7 @@ def fbn_local_update(
     ``ū_run^(i) = (1−β)·ū_run + β·ū^(i)`` and ``σ̂²_run^(i) = (1−β)·σ̂²_run + β·c·σ̂^(i)²`` where
     ``batch_var`` is the biased batch variance and ``c`` the unbiasing factor: the paper's
     ``Kn/(Kn−1)`` with the *global* count Kn. The FBN method passes ``c = 1`` on the client and
-    lets the server apply ``M/(M−1)`` (it alone knows the global count M; spec §4 [rec], B3).
+    lets the server apply ``M/(M−1)`` (it alone knows the global count M; fednorm's choice, docs/fbn.md).
     """
     b = momentum
     return (1 - b) * running_mean + b * batch_mean, (1 - b) * running_var + b * correction * batch_var
@@ -99,7 +99,7 @@ def fbn_aggregate(
 
     Inputs are the clients' local copies computed with ``c = 1`` (:func:`fbn_local_update` with
     biased batch variances), one row per client. With ``M = ΣK_i``, ``w_i = K_i/M`` and
-    ``c = M/(M−1)`` (spec §4 "Unequal batch sizes", [derived], exact)::
+    ``c = M/(M−1)`` (derived here for unequal batch sizes; exact)::
 
         ū_run = Σ w_i ū_run^(i)                                                  (Eq. 9)
         v_i   = a·σ̂²_run + c·(σ̂²_run^(i) − a·σ̂²_run) + (c/β)·(ū_run^(i) − ū_run)²
@@ -110,7 +110,8 @@ def fbn_aggregate(
     mean this is exactly Eq. 9–10; the result equals centralized BatchNorm's running statistics
     after one step on the union of the batches (FBN App. A; tested in float64).
 
-    Robust FBN (spec §8.4 [rec]): ``mean_rule(rows)`` / ``var_rule(rows)`` replace the weighted
+    Robust FBN (Guerraoui et al., 2024, Sec. 5; the two-stage rule is fednorm's reading):
+    ``mean_rule(rows)`` / ``var_rule(rows)`` replace the weighted
     means: ``ū_run = Agg(NNM(ū_run^(i)))``, then ``σ̂²_run = max(Agg(NNM(v_i)), 0)``. Both reduce
     to the weighted mean when they are ``None``.
 
@@ -144,12 +145,12 @@ def fbn_aggregate(
 
 
 class FederatedBatchNorm(_BatchNorm):
-    """Base class of the FBN layers (FBN Algorithm 2; spec/002_fbn.md §3).
+    """Base class of the FBN layers (Guerraoui et al., 2024, Sec. 4, Algorithm 2).
 
     Subclasses ``_BatchNorm`` so its state-dict keys are BN's and BN checkpoints load; it adds no
     tensors: ``running_mean``/``running_var`` *are* the shared statistics (ū_run, σ̂²_run),
     initialised to (0, 1) as in the paper (App. A/B), so the first round only applies the
-    affine map (spec B10).
+    affine map (``initial_pass`` of the FBN method starts from exact statistics instead).
 
     Training and evaluation both normalise with the running statistics
     (:func:`federated_batch_norm`). What training mode adds is the statistics update:
@@ -158,7 +159,7 @@ class FederatedBatchNorm(_BatchNorm):
       layer leaves its buffers alone and records each batch's ``(count, mean, biased var)``;
       the method turns them into the client's local copy (steps 5–6) and the server
       aggregates (Eq. 9–10). The buffers therefore stay the round-start shared statistics for
-      the whole round (spec B1).
+      the whole round.
     * **on its own** (no recorder; one participant): it applies steps 5–6 in place with
       ``c = K/(K−1)``, which is centralized BN's running-statistics update (Algorithm 1) while
       normalising with the running statistics.
@@ -168,9 +169,9 @@ class FederatedBatchNorm(_BatchNorm):
 
     Args:
         num_features: number of channels C.
-        eps: added to the variance (default: 1e-5; spec B2).
-        momentum: β of steps 5–6 (default: 0.1; spec B2). ``None`` (cumulative averaging) is
-            not supported.
+        eps: added to the variance (default: 1e-5; the paper does not state it).
+        momentum: β of steps 5–6 (default: 0.1, PyTorch's; the paper does not state it).
+            ``None`` (cumulative averaging) is not supported.
         affine: learn α (scale) and ζ (shift) (default: True).
         device, dtype: factory arguments.
     """
@@ -197,12 +198,12 @@ class FederatedBatchNorm(_BatchNorm):
 
     @property
     def shared_mean(self) -> torch.Tensor:
-        """ū_run: the ``running_mean`` buffer."""
+        """The shared running mean ū_run, held in the ``running_mean`` buffer."""
         return self.running_mean  # type: ignore[return-value]
 
     @property
     def shared_var(self) -> torch.Tensor:
-        """σ̂²_run: the ``running_var`` buffer."""
+        """The shared running variance σ̂²_run, held in the ``running_var`` buffer."""
         return self.running_var  # type: ignore[return-value]
 
     def extra_repr(self) -> str:
@@ -245,7 +246,7 @@ class FederatedBatchNorm1d(FederatedBatchNorm):
 
 
 class FederatedBatchNorm2d(FederatedBatchNorm):
-    """FBN for ``(N, C, H, W)`` inputs; statistics over N×H×W (K = b·H·W, spec §1, B3).
+    """FBN for ``(N, C, H, W)`` inputs; statistics over N×H×W (K = b·H·W values per channel).
 
     See :class:`FederatedBatchNorm`.
 

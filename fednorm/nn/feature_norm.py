@@ -1,7 +1,7 @@
 """Feature normalization (FN): scale-normalise the penultimate features before the head.
 
 The LN paper's FedFN (Zhang et al., "Understanding the Role of Layer Normalization in
-Label-Skewed Federated Learning", TMLR 2024; spec/003_ln_fn.md §1.1–1.3) applies the scale
+Label-Skewed Federated Learning", TMLR 2024) applies the scale
 normaliser φ (paper §2, eqs. 5–6)
 
 .. math::
@@ -55,12 +55,12 @@ def _check_eps(eps: Any) -> None:
 def feature_norm(z: torch.Tensor, eps: float = 1e-12, *, scale: float | None = None) -> torch.Tensor:
     """Scale-normalise each row of ``z`` to L2 norm ``sqrt(d)``: ``sqrt(d) * z / max(||z||_2, eps)``.
 
-    The LN paper's φ (spec/003_ln_fn.md §1.1, eq. 5 without the mean shift; §1.2), applied along
+    The LN paper's φ (Zhang et al., 2024, Sec. 2: eq. 5 without the mean shift), applied along
     the last dimension, ``d = z.shape[-1]``. Every row with ``||z|| >= eps`` comes out with norm
     exactly ``sqrt(d)`` (up to rounding), i.e. the root-mean-square of its entries is 1, the scale
     that LN's ψ produces too.
 
-    ``eps``: the paper elides the guard (spec §1.1, §5 row 1). We follow the released code,
+    ``eps``: the paper does not give the guard's value. We follow the released code,
     ``F.normalize`` (``x / max(||x||_2, 1e-12)``) with ε = 1e-12, rather than ``||x|| + ε`` or
     ``sqrt(||x||² + ε)``: the max form is exactly scale invariant for every row with norm at
     least ε, so Props. 1–3 hold exactly, and a zero row maps to zero instead of 0/0 = NaN.
@@ -104,12 +104,12 @@ def feature_norm(z: torch.Tensor, eps: float = 1e-12, *, scale: float | None = N
 class FeatureNorm(nn.Module):
     """Feature normalization φ on ``(N, d)`` features: ``sqrt(d) * z / max(||z||_2, eps)`` per row.
 
-    The LN paper's FN layer (spec/003_ln_fn.md §1.2; paper eqs. 5–6). It is static: no
+    The LN paper's FN layer (Zhang et al., 2024, Sec. 2, eqs. 5–6). It is static: no
     parameters, no buffers, so it adds no ``state_dict`` keys and is identical in training and
     evaluation mode (it uses each sample's own norm, like LN, never batch statistics). Place it
     after the last ReLU, immediately before the linear head (:class:`FeatureNormClassifier`).
     The paper's FN has no learnable scale; the code's learnable-γ option (``'x'``) is unused and
-    broken, so it is not offered (spec §1.2).
+    broken, so it is not offered.
 
     Args:
         num_features: the feature dimension d, checked against the input when given
@@ -167,7 +167,7 @@ class FeatureNorm(nn.Module):
 class FeatureNormClassifier(ClassifierModel):
     """A fednorm classifier with FN before its head: ``head(FeatureNorm(model.forward_features(x)))``.
 
-    FedFN (spec/003_ln_fn.md §1.2, §1.3 "FedFN (Prop. 1 form)"): φ on the penultimate
+    FedFN in its Prop. 1 form (Zhang et al., 2024, Sec. 4.1, eq. 7): φ on the penultimate
     features only. ``forward_features`` returns the *normalised* features (rows of norm
     ``sqrt(d)``), so methods that read the representations (MOON, FedDecorr) see what the head
     sees; ``head``, ``num_features`` and ``num_classes`` are the wrapped model's.

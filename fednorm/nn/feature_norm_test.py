@@ -1,6 +1,6 @@
 """Tests for fednorm.nn.feature_norm: φ, FeatureNorm, the FN wrapper and the LN paper's Props. 1–3.
 
-The propositions (spec/003_ln_fn.md §1.2, §4 items 1–2) are checked in float64 on tiny random
+The propositions (Zhang et al., 2024, Sec. 4.1–4.2) are checked in float64 on tiny random
 ReLU MLPs written here: ``h_1 = relu(A_1 x + b_1)``, ``h_l = relu(A_l h_{l-1})`` (no bias after
 layer 1, the paper's Assumption 1), ``logits = W h_L (+ c)``.
 """

@@ -57,7 +57,7 @@ def cross_client_batch_norm(
 ) -> list[torch.Tensor]:
     """Batch-normalise every client's batch with statistics aggregated over all clients.
 
-    FedTAN's synchronised step (spec/001_fedtan.md §3.2, Algorithm 2): the global mean is the
+    FedTAN's synchronised step (Wang et al., 2023, Sec. 5.2, Algorithm 2): the global mean is the
     p-weighted sum of client means (one exchange), then each client's variance *around the
     global mean* is p-weighted and summed (a second). With ``p_i = B_i / ΣB`` (the default)
     these are exactly the statistics of the union batch, so each client's output equals
@@ -80,7 +80,7 @@ def cross_client_batch_norm(
     means = torch.stack([x.mean(dim=_reduce_dims(x)) for x in xs])
     mu = comm.reduce(p * means)
     shape = [1, -1] + [1] * (xs[0].dim() - 2)
-    # around the global mean, a constant here: its gradient path sums to zero over clients (spec A2)
+    # around the global mean, a constant here: its gradient path sums to zero over clients (docs/fedtan.md, A2)
     dev = torch.stack([((x - mu.view(shape)) ** 2).mean(dim=_reduce_dims(x)) for x in xs])
     var = comm.reduce(p * dev)
     stats = comm.shared(torch.cat([p * means, p * dev], dim=-1), torch.cat([mu, var]))  # [K, 2C]

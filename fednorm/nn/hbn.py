@@ -1,6 +1,6 @@
 """Hybrid Batch Normalisation (HBN) layers: a learnable per-channel mix of batch and global statistics.
 
-HBN (Chen et al., ICML 2025, arXiv:2505.21877; spec/000_hbn.md) replaces each BatchNorm. In
+HBN (Chen et al., ICML 2025, arXiv:2505.21877) replaces each BatchNorm. In
 training mode it normalises a mini-batch with ``w·batch + (1−w)·global`` statistics, where the
 per-channel batch weight ``w = sigmoid(−alpha)`` is learnt per client and never communicated, and
 the global statistics (μ_g, σ_g², HBN Eq. 8) are frozen buffers that only the server sets. In
@@ -55,7 +55,7 @@ def hybrid_batch_norm(
     training: bool = False,
     eps: float = 1e-5,
 ) -> torch.Tensor:
-    """Hybrid batch normalisation of ``input`` (HBN Eqs. 1, 9, 10; spec/000_hbn.md §1.3–1.4).
+    """Hybrid batch normalisation of ``input`` (Chen et al., 2025, Sec. 3.3, Eqs. 1, 9, 10).
 
     Training mode (Eqs. 1, 9, 10)::
 
@@ -67,12 +67,12 @@ def hybrid_batch_norm(
 
     Gradients flow through μ_b and σ_b² (as in BN) and to ``alpha``; ``global_mean``/``global_var``
     are treated as constants (they are frozen buffers in the layer). Evaluation mode normalises
-    with ``(global_mean, global_var)`` only and ignores ``alpha`` (§1.4), i.e. it is
+    with ``(global_mean, global_var)`` only and ignores ``alpha`` (Sec. 3.3), i.e. it is
     ``F.batch_norm(input, global_mean, global_var, weight, bias, training=False, eps=eps)``.
 
     [code≠paper] The released code uses ``sigmoid(+alpha)`` as the batch weight; fednorm follows the
     paper (``sigmoid(−alpha)``). Both are identical at the initial value ``alpha = 0`` (50/50 mix);
-    only the sign of reported alphas differs (spec §5 row 1).
+    only the sign of reported alphas differs.
 
     Args:
         input: ``(N, C)``, ``(N, C, L)`` or ``(N, C, H, W)``.
@@ -137,7 +137,7 @@ class _HybridNorm(torch.autograd.Function):
 
 
 class HybridBatchNorm(_BatchNorm):
-    """Base class of the HBN layers (HBN Eqs. 8–10; spec/000_hbn.md §1.3–1.4).
+    """Base class of the HBN layers (Chen et al., 2025, Sec. 3.2–3.3, Eqs. 8–10).
 
     Subclasses ``_BatchNorm`` so that ``isinstance(m, _BatchNorm)`` checks keep working and BN
     checkpoints load: the BN buffers ``running_mean``/``running_var`` *are* HBN's global statistics
@@ -145,14 +145,14 @@ class HybridBatchNorm(_BatchNorm):
     :attr:`global_mean`/:attr:`global_var`. The extra parameter ``alpha`` (``[C]``, initialised to 0,
     Algorithm 1) is the client-local mixing logit; :attr:`batch_weight` is ``sigmoid(−alpha)``.
 
-    HBN has **no momentum** ("discard the moving average momentum", §1.3): ``forward`` never
+    HBN has **no momentum** ("discard the moving average momentum", Sec. 3.4): ``forward`` never
     updates ``running_mean``/``running_var`` in either mode. The server computes them from the
     clients' statistics (:func:`collect_hbn_statistics`, pooled with Eq. 8 and optionally the
     EMA of Eq. 11) and writes them into the buffers.
 
     Communication roles: ``alpha`` stays on the client (:attr:`local_tensors`);
     ``running_mean``/``running_var`` are statistics set by the server (:attr:`stat_buffers`);
-    ``weight``/``bias`` are averaged like any other parameter (§1.8).
+    ``weight``/``bias`` are averaged like any other parameter (Sec. 3.3).
 
     Args:
         num_features: number of channels C.
@@ -161,7 +161,7 @@ class HybridBatchNorm(_BatchNorm):
         device, dtype: factory arguments.
     """
 
-    #: Tensors that never leave the client (HBN §1.8–1.9).
+    #: Tensors that never leave the client (alpha "does not participate in communication", HBN Sec. 3.3).
     local_tensors: tuple[str, ...] = ("alpha",)
     # The global statistics come from the HBN method's statistics pass; the simulator refuses
     # other methods, under which they would stay at their (0, 1) initialisation.
@@ -185,12 +185,12 @@ class HybridBatchNorm(_BatchNorm):
     # ----------------------------------------------------------------------------------------
     @property
     def global_mean(self) -> torch.Tensor:
-        """μ_g (HBN Eq. 8): the ``running_mean`` buffer."""
+        """The global mean μ_g (HBN Eq. 8), held in the ``running_mean`` buffer."""
         return self.running_mean  # type: ignore[return-value]
 
     @property
     def global_var(self) -> torch.Tensor:
-        """σ_g² (HBN Eq. 8): the ``running_var`` buffer."""
+        """The global variance σ_g² (HBN Eq. 8), held in the ``running_var`` buffer."""
         return self.running_var  # type: ignore[return-value]
 
     @property
@@ -232,7 +232,7 @@ class HybridBatchNorm(_BatchNorm):
 
 
 class HybridBatchNorm1d(HybridBatchNorm):
-    """HBN for ``(N, C)`` or ``(N, C, L)`` inputs (spec/000_hbn.md §5 row 16; the code is 4-D only).
+    """HBN for ``(N, C)`` or ``(N, C, L)`` inputs (not in the paper; the authors' released code is 4-D only).
 
     See :class:`HybridBatchNorm` and :func:`hybrid_batch_norm`.
 
@@ -246,7 +246,7 @@ class HybridBatchNorm1d(HybridBatchNorm):
 
 
 class HybridBatchNorm2d(HybridBatchNorm):
-    """HBN for ``(N, C, H, W)`` inputs (statistics over N×H×W, spec/000_hbn.md §1.1).
+    """HBN for ``(N, C, H, W)`` inputs (statistics over N×H×W, as ``BatchNorm2d``).
 
     See :class:`HybridBatchNorm` and :func:`hybrid_batch_norm`.
 
@@ -286,7 +286,7 @@ def create_hybrid_batch_norm(
 
 
 # --------------------------------------------------------------------------------------------
-# Client-side statistics pass (HBN Eq. 7 / 15; spec §1.5, §1.13)
+# Client-side statistics pass (HBN Eq. 7 / 15, Chen et al., 2025, Sec. 3.2, App. A.2)
 # --------------------------------------------------------------------------------------------
 
 
@@ -317,7 +317,8 @@ def batch_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _Accumulator:
-    """Chan/Welford merge of ``(n, mean, M2)`` in float64 over batches (spec §1.13, §5 row 19)."""
+    """Chan/Welford merge of ``(n, mean, M2)`` in float64 over batches (the released code's merge
+    drops a term)."""
 
     def __init__(self) -> None:
         self.n: torch.Tensor | None = None
@@ -375,13 +376,13 @@ def collect_hbn_statistics(
 ) -> dict[str, HBNStats]:
     """Client statistics pass: exact ``(count, mean, biased var)`` of each HBN layer's input.
 
-    HBN Eq. 7 / 15 (spec/000_hbn.md §1.5): run before local training, under the downloaded global
-    weights, with no gradient. Statistics are merged exactly over all ``batches`` (Chan merge in
-    float64), fixing the released code's merge, which drops a term (§1.13, §5 row 19). The
-    results are what a client uploads; the server pools them with
+    HBN Eq. 7 / 15 (Chen et al., 2025, Sec. 3.2, App. A.2): run before local training, under the
+    downloaded global weights, with no gradient. Statistics are merged exactly over all
+    ``batches`` (Chan merge in float64), fixing the authors' released code's merge, which drops a
+    term. The results are what a client uploads; the server pools them with
     ``pooled_stats(count, mean, var, unbiased=True)`` (Eq. 8).
 
-    The forward of earlier layers is not defined by the paper for deep nets (§5 row 4). By default
+    The forward of earlier layers is not defined by the paper for deep nets. By default
     (``train_mode=True``) the model runs in training mode, so earlier HBN layers normalise with the
     hybrid statistics as in the code; ``train_mode=False`` uses the global statistics only. The
     model's training flags are restored afterwards. No parameter or HBN buffer changes; note that
@@ -397,7 +398,7 @@ def collect_hbn_statistics(
     Returns:
         ``{module_name: HBNStats(count, mean, var)}`` in float64; ``count`` is the number of
         values per channel (samples × H × W). Eq. 8's Bessel ``N − 1`` counts *samples* in the
-        paper and in the released code alike (spec §5 row 6), so pool with the sample count for
+        paper and in the released code alike, so pool with the sample count for
         Eq. 8 (what :class:`fednorm.methods.HBN` uploads by default, ``bessel_count="samples"``);
         pooling with ``count`` divides by ``N·H·W − 1`` instead (``bessel_count="elements"``).
 

@@ -1,7 +1,7 @@
 """The LN paper's normalisation variants, selectable by name (``--norm fn``, ``--norm ln_static``, ...).
 
 Zhang et al., "Understanding the Role of Layer Normalization in Label-Skewed Federated Learning"
-(TMLR 2024; spec/003_ln_fn.md §1.1–1.3, Tables 3, 6, 13) compare LN and FN in several forms.
+(TMLR 2024; Sec. 2, Sec. 4.1, Tables 3, 6, 13) compare LN and FN in several forms.
 Some differ only in the layer (static vs learnable LN); others also differ in *where* the
 layers sit (before the activation, only on the residual-block outputs, FN before the head).
 A norm name therefore carries, besides its layer builder, a **placement**: model options that
@@ -57,7 +57,7 @@ class ScaleNorm(nn.Module):
     """φ on every sample over all its non-batch dimensions: ``sqrt(d) x / max(||x||, eps)``, d = C·H·W.
 
     The LN paper's scale normalisation used as a layer (``'v'`` at every site in the code;
-    FedFN – every layer, spec/003_ln_fn.md §1.3). Parameter-free, the same in training and
+    FedFN – every layer, Zhang et al., 2024, Table 3). Parameter-free, the same in training and
     evaluation. On ``(N, d)`` features it is :class:`~fednorm.nn.FeatureNorm`.
 
     Args:
@@ -82,7 +82,7 @@ class ScaleNorm(nn.Module):
 class Shift(nn.Module):
     """The shift operator S: subtract each sample's mean over all its non-batch dimensions.
 
-    ``S(x) = x − μ(x)·1`` (spec/003_ln_fn.md §1.1). ψ = φ ∘ S, and Prop. 2 says LN at every
+    ``S(x) = x − μ(x)·1`` (Zhang et al., 2024, Sec. 4.1). ψ = φ ∘ S, and Prop. 2 says LN at every
     layer of a bias-free ReLU net equals S at the hidden layers plus ψ at the last one.
     Parameter-free.
     """
@@ -190,7 +190,8 @@ _INSIDE = {"norm_position": "after", "norm_sites": "block_output"}
 @register_norm("fn_inside_ln")
 @_with_placement(lambda eps=1e-5: {**_INSIDE, "feature_norm": {}})
 def create_fn_inside_ln(num_features: int, *, spatial: bool = True, eps: float = 1e-5) -> nn.Module:
-    """FedFN – inside ψ (Table 13, ResNet; experimental, spec §5 row 22): FN before the head plus a
+    """FedFN – inside ψ (Zhang et al., 2024, Table 13, ResNet; experimental: the paper elides the
+    block formulas): FN before the head plus a
     static ψ on the post-ReLU output of every residual block."""
     del spatial
     return nn.GroupNorm(1, num_features, eps=eps, affine=False)

@@ -1,6 +1,6 @@
 """Tests for the LN paper's norm variants (fednorm/nn/ln_variants.py) on the paper's own models.
 
-Props. 1–3 (spec/003_ln_fn.md §1.2, §4 items 1–2) are checked in float64 on the library's
+Props. 1–3 (Zhang et al., 2024, Sec. 4.1–4.2) are checked in float64 on the library's
 bias-free ``ln_cnn`` (convolutions, max-pools, linears), against a functional forward of the
 same weights written here with the normalisers spelled out (φ, ψ, S over all non-batch dims).
 """

@@ -1,5 +1,5 @@
 """Normalization-free training (FedWon; Zhuang & Lyu, ICLR 2024), the HBN paper's Table 4 row
-"FedWon" (base, no norm: 78.85; +HBN: 79.93; spec/000_hbn.md).
+"FedWon" (Chen et al., 2025: base, no norm: 78.85; +HBN: 79.93).
 
 FedWon removes the normalization layers and trains with the two pieces of NF-Nets (Brock et al.
 2021a, arXiv:2101.08692; 2021b, arXiv:2102.06171):

@@ -83,7 +83,8 @@ def create_batch_norm(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> nn.Module:
-    """Plain BatchNorm, the FedAvg+BN baseline of every paper (e.g. HBN §2.4, FedBN §1.1).
+    """Plain BatchNorm, the FedAvg+BN baseline of every paper (e.g. Chen et al., 2025, Sec. 4.1;
+    Li et al., 2021, Sec. 5).
 
     Args:
         num_features: number of channels C.
@@ -121,9 +122,9 @@ def create_group_norm(
 ) -> nn.Module:
     """GroupNorm with the channel count first (timm's order).
 
-    The default ``num_groups=2`` is the value HBN (spec/000_hbn.md §2.2, §2.3), FedTAN's
-    recommended ResNet-20-GN (spec/001_fedtan.md §4.2) and the LN paper's FedGN
-    (spec/003_ln_fn.md §1.3) use. GroupNorm uses per-sample statistics in both training and
+    The default ``num_groups=2`` is the LN paper's FedGN (Zhang et al., 2024, Sec. 5.3) and the
+    HBN authors' released code's GN; the FedTAN paper does not state its ResNet-20-GN's group
+    count (Wang et al., 2023, Sec. 6.5). GroupNorm uses per-sample statistics in both training and
     evaluation modes and keeps no running statistics.
 
     Args:
@@ -161,8 +162,8 @@ def create_layer_norm(
 ) -> nn.Module:
     """Layer norm as the papers use it: ``nn.GroupNorm(1, C)``.
 
-    On a conv map this normalizes each sample over all of C×H×W (HBN's "LN", spec/000_hbn.md
-    §2.2; the LN paper's FedLN, spec/003_ln_fn.md §1.3); on ``(N, C)`` features it is
+    On a conv map this normalizes each sample over all of C×H×W (HBN's "LN" and the LN
+    paper's FedLN on conv maps, as the authors' released code builds them); on ``(N, C)`` features it is
     ``nn.LayerNorm(C)``'s normalization. The affine transform is per channel (GroupNorm's), not
     per element as ``nn.LayerNorm((C, H, W))`` would be, so the layer is independent of the input
     size. ``affine=False`` gives the LN paper's "FedLN – static".
@@ -178,7 +179,7 @@ def create_layer_norm(
 
 @register_norm("none")
 def create_identity(num_features: int, *, spatial: bool = True) -> nn.Module:
-    """No normalization: ``nn.Identity`` (the "vanilla" networks of spec/003_ln_fn.md §2.2).
+    """No normalization: ``nn.Identity`` (the "vanilla" networks of Zhang et al., 2024, App. C.1).
 
     Args:
         num_features: ignored, accepted so that every norm is ``norm_layer(C)``.
@@ -334,7 +335,7 @@ def norm_modules(model: nn.Module, types: tuple[type[nn.Module], ...] = NORM_TYP
 
     Args:
         model: the model to scan (the root itself is included if it is a norm).
-        types: module types to select (default: :data:`NORM_TYPES`: BatchNorm incl. subclasses,
+        types: module types to select (default: ``NORM_TYPES``: BatchNorm incl. subclasses,
             GroupNorm, LayerNorm, InstanceNorm).
 
     Returns:

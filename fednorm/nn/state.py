@@ -55,4 +55,5 @@ def batch_norm_keys(model: nn.Module, *, which: Which = "all") -> set[str]:
 
 
 def floating_keys(state: dict[str, torch.Tensor]) -> set[str]:
+    """The keys of ``state`` whose tensors are floating point (``num_batches_tracked`` is not)."""
     return {k for k, v in state.items() if v.is_floating_point()}

@@ -52,7 +52,8 @@ class StdConv2d(nn.Conv2d):
     ``isinstance(m, nn.Conv2d)`` selection are unchanged.
 
     Args:
-        *args, **kwargs: as ``nn.Conv2d``.
+        *args: as ``nn.Conv2d``.
+        **kwargs: as ``nn.Conv2d``.
         eps: added to the per-channel variance (default: 1e-6, timm's ``StdConv2d``).
     """
 
@@ -79,8 +80,9 @@ class ScaledStdConv2d(StdConv2d):
     (``gain``, shape ``[C_out, 1, 1, 1]``, initialised to 1).
 
     Args:
-        *args, **kwargs: as ``nn.Conv2d``.
-        gamma: the nonlinearity's gain γ (default: :data:`RELU_GAIN`).
+        *args: as ``nn.Conv2d``.
+        **kwargs: as ``nn.Conv2d``.
+        gamma: the nonlinearity's gain γ (default: ``RELU_GAIN`` = √(2/(1 − 1/π)), ReLU's).
         eps: added to the per-channel variance (default: 1e-6, timm's ``ScaledStdConv2d``).
     """
 

@@ -1,5 +1,5 @@
 """FedACG: accelerated client gradient (Kim, Kim & Han, CVPR 2024, arXiv:2201.03172), the HBN
-paper's Table 4 row "FedACG" (base GN 76.01, +HBN 79.19; spec/000_hbn.md).
+paper's Table 4 row "FedACG" (Chen et al., 2025: base GN 76.01, +HBN 79.19).
 
 Round ``t`` with server model ``θ`` and server momentum ``m`` (zero at the start):
 

@@ -152,9 +152,9 @@ class FedProx(ClientOptimizer):
     its own local tensors); the term covers every trainable parameter.
 
     Args:
-        mu: proximal weight. The LN paper tunes {0.001, 0.01, 0.1, 1} and its note recommends
-            0.01; FedBN's paper uses 0.01 (spec/003_ln_fn.md §5 #10, spec/004_fedbn.md). mu = 0 is
-            FedAvg (a warning says so). (default: 0.01)
+        mu: proximal weight. The LN paper picks it by a sweep on Dir(0.1) (Zhang et al., 2024,
+            App. C.4; its released code defaults to 1.0); FedBN's paper uses 0.01 (Li et al., 2021,
+            App. D.2). mu = 0 is FedAvg (a warning says so). (default: 0.01)
     """
 
     name = "fedprox"
@@ -210,7 +210,8 @@ class Scaffold(ClientOptimizer):
     After training, ``c_i⁺ = c_i − c + (x − y_i)/(K·lr)`` with ``K`` the local steps actually
     taken; the client uploads ``Δc_i = c_i⁺ − c_i`` and the server sets
     ``c ← c + (|S|/N)·mean_{i∈S} Δc_i``. The LN paper's released code never updates its control
-    variates (SCAFFOLD ≡ FedAvg there, spec/003_ln_fn.md §1.4); here they change every round.
+    variates (SCAFFOLD ≡ FedAvg there; the paper names Option II, Zhang et al., 2024, App. C.4); here
+    they change every round.
 
     ``c_i`` lives in the client state bank (``"scaffold.c.<param>"``, zero before a client's first
     round), ``c`` on the server (checkpointed). Only shared trainable parameters are corrected.

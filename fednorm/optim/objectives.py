@@ -1,6 +1,6 @@
 """Label-skew client objectives: FedLC, FedRS (the logits the cross-entropy sees) and FedDecorr
 (a loss on the penultimate features), the LN/FN paper's Table 1/10/11 baselines
-(spec/003_ln_fn.md §1.4, ambiguities #11–13).
+(Zhang et al., 2024, App. C.4; where the authors' released code differs, the option says so).
 
 They are client optimizers (:class:`~fednorm.optim.client.ClientOptimizer`), so they compose
 with every method and server optimizer, and each has a stacked form for the vectorized
@@ -157,7 +157,7 @@ class FedLC(_LogitCalibration):
         tau: τ (default: 1.0, the LN paper's).
         absent: margin of a class the client lacks: ``"inf"`` (``0^{−1/4}`` = ∞, as the released
             code computes it: the logit is −∞, so a one-class client has zero loss and does not
-            learn, the paper's 10% / 9.72% cells; spec ambiguity #13's reproduce mode), or
+            learn, the paper's 10% / 9.72% cells, Zhang et al., 2024, Table 1), or
             ``"clamp"`` (counts clamped to ≥ 1, margin τ). (default: "inf")
     """
 
@@ -192,7 +192,7 @@ class FedRS(_LogitCalibration):
     FedRepo code's proportional variant (factors ``α + (1 − α)·n_c/max n``) is not implemented.
 
     Args:
-        alpha: α ∈ [0, 1] (default: 0.5, the paper's and spec ambiguity #12; the LN code's
+        alpha: α ∈ [0, 1] (default: 0.5, the paper's, Zhang et al., 2024, App. C.4; the LN code's
             default is 1.0, which is FedAvg).
     """
 
@@ -220,8 +220,8 @@ class FedDecorr(ClientOptimizer):
     ``L_decorr`` from :func:`decorrelation_loss`. LN paper Tables 1/10/11 row "FedDecorr".
 
     Args:
-        beta: β (default: 0.1, the released code's hard-coded value and spec ambiguity #11's
-            choice; the paper states 0.5, recorded as ``PAPER_BETA``).
+        beta: β (default: 0.1, the released code's hard-coded value and FedDecorr's authors'
+            recommendation; the paper states 0.5, Zhang et al., 2024, App. C.4, recorded as ``PAPER_BETA``).
         eps: the standardisation's guard (default: 1e-8, the code's).
     """
 

@@ -1,4 +1,4 @@
-"""FedSAM: sharpness-aware local steps (the HBN paper's Table 4 row "FedSAM", spec/000_hbn.md).
+"""FedSAM: sharpness-aware local steps (the HBN paper's Table 4 row "FedSAM"; Chen et al., 2025).
 
 Each local step of SAM (Foret et al., ICLR 2021) takes two passes on the same batch:
 

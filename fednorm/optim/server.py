@@ -5,8 +5,8 @@ The server treats the aggregated change of the model as a pseudo-gradient,
 step to the global model. Only *learnable parameters* go through it: BatchNorm running
 statistics, ``num_batches_tracked`` and HBN's global statistics take the aggregated value as it
 is. Pushing statistics through Adam's normalised step is what makes "FedAdam + BN" crash in
-other frameworks (the HBN paper reports the crash and uses GN for its FedAdam base,
-spec/000_hbn.md Table 4); the LN paper's FedYogi also covers only ``parameters()``.
+other frameworks (the HBN paper reports the crash and uses GN for its FedAdam base in Table 4,
+Chen et al., 2025, Sec. 4.2); the LN paper's released FedYogi also covers only ``parameters()``.
 
 Moments are kept in float64 and the result is cast back to the parameter's dtype.
 """
@@ -118,7 +118,7 @@ class FedAvgM(ServerOptimizer):
 class _AdaptiveServerOptimizer(ServerOptimizer):
     """Shared by FedAdam and FedYogi: ``m ← β1·m + (1−β1)·Δ``, a second moment ``v``, and
     ``x ← x + η·m/(√v + τ)``; ``m₀ = 0``, ``v₀ = τ²``, no bias correction (Reddi et al. Alg. 2; the
-    LN paper's code, spec/003_ln_fn.md §1.4).
+    LN paper's released code; Zhang et al., 2024, App. C.4).
 
     Args:
         server_lr: eta. (default: 0.01)
@@ -160,7 +160,8 @@ class FedAdam(_AdaptiveServerOptimizer):
 
 @register_server_optimizer("fedyogi")
 class FedYogi(_AdaptiveServerOptimizer):
-    """FedYogi (Reddi et al. 2021): ``v ← v − (1−β2)·Δ²·sign(v − Δ²)`` (spec/003_ln_fn.md §1.4)."""
+    """FedYogi (Reddi et al. 2021): ``v ← v − (1−β2)·Δ²·sign(v − Δ²)`` (as in Zhang et al., 2024,
+    App. C.4)."""
 
     name = "fedyogi"
 

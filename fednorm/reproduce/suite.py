@@ -6,7 +6,7 @@ number lives in Python::
     paper: hbn                    # the folder name
     table: table1                 # the file name
     title: ...                    # what the table is
-    source: spec/000_hbn.md §3    # where the setting and the numbers come from
+    source: HBN paper, Table 1    # where the setting and the numbers come from
     claim: ...                    # the paper's headline claim for this table (free text)
     metric: test_accuracy         # what a cell reads from a run (a column may override it)
     compare: [best, last10]       # statistics compared with the paper's number; the first ranks
@@ -30,10 +30,10 @@ number lives in Python::
       evaluations: 10             #   last_mean: the mean of this many last evaluations
       eval_every: 1               #   best/last_mean: the paper's (or its code's) evaluation cadence, in rounds
       runs: 5                     #   the paper's number is a mean over this many runs (omit if not stated)
-      source: "spec/... §..."     #   where the paper, its code or the spec says so
+      source: "paper, Sec. ..."   #   where the paper or its released code says so
       note: ...                   #   optional
     settings:                     # every setting where our run differs from the paper, or the paper from its code
-      - {setting: ..., paper: ..., code: ..., ours: ..., effect: ..., source: "spec/... §...", option: ...}
+      - {setting: ..., paper: ..., code: ..., ours: ..., effect: ..., source: "paper, Sec. ...", option: ...}
 
 A cell may name its own ``statistic:`` (one of the kinds) where the paper's number for it is another
 statistic than the table's (FBN's prose gives best-case figures beside Fig. 3a's final accuracies).
@@ -159,8 +159,8 @@ class PaperStatistic:
     """What the paper's number is: which statistic of a run's accuracy curve, over how many runs.
 
     ``kinds`` has one entry when the paper (or its code) says which; several when it does not
-    (HBN: the code logs the best and the mean of the last 10 evaluations, spec/000_hbn.md §5 row 11),
-    so the report computes ours each way.
+    (HBN: the paper does not say; the authors' released code logs the best and the mean of the
+    last 10 evaluations), so the report computes ours each way.
     """
 
     kinds: tuple[str, ...]

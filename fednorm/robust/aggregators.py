@@ -1,9 +1,9 @@
 """Robust aggregators: reduce the rows of a ``[K, D]`` matrix (one row per client) to ``[D]``.
 
 Used for model updates (FedAvg and every method built on it) and for BN statistics (robust
-FBN, spec/002_fbn.md §8.3–8.4). Definitions follow Yin et al. 2018 (arXiv:1803.01498) for the
+FBN, Guerraoui et al., 2024, Sec. 5). Definitions follow Yin et al. 2018 (arXiv:1803.01498) for the
 coordinate-wise median and trimmed mean and Allouah et al. 2023 (arXiv:2302.01772) for
-Nearest-Neighbour Mixing, with the ByzFL conventions the spec notes:
+Nearest-Neighbour Mixing, with ByzFL's conventions:
 
 * ``mean``: the (weighted) mean; the plain FedAvg rule.
 * ``median``: coordinate-wise median; with an even K the mean of the two middle values
@@ -73,7 +73,8 @@ def nnm(rows: torch.Tensor, f: int) -> torch.Tensor:
     """Nearest-Neighbour Mixing: each row becomes the mean of its K − f nearest rows (itself included).
 
     Distances are Euclidean over the whole row, so a client's statistics or update are compared
-    as one vector (spec §8.4 [rec]). Ties are broken by row order (stable sort), so the result
+    as one vector (fednorm's reading of robust FBN, whose paper does not say). Ties are broken by
+    row order (stable sort), so the result
     is deterministic; rows at equal distance are interchangeable only when they are equal.
     """
     rows = rows.double()

@@ -1,7 +1,7 @@
-"""Byzantine attacks on client uploads: statistics and/or model updates (spec/002_fbn.md §8.1–8.2).
+"""Byzantine attacks on client uploads: statistics and/or model updates (Guerraoui et al., 2024, Sec. 5).
 
 An omniscient adversary controls f clients: all f send the same vector, computed from the honest
-clients' vectors (the convention of the literature and of ByzFL, which the spec follows):
+clients' vectors (the convention of the literature and of ByzFL):
 
 * ``sign_flip`` (SF; Allen-Zhu et al. 2020, arXiv:2012.14368): ``−mean(honest)``. On statistics
   this is the FBN paper's "send the opposite of the mean".
@@ -14,7 +14,7 @@ clients' vectors (the convention of the literature and of ByzFL, which the spec 
 
 Where they act (:class:`ByzantineAttack`): the simulator appends f Byzantine rows to a round's
 honest updates, just before the method aggregates (the Byzantine clients hold no data: the data
-is split over the honest ``num_clients``, spec B7 and ByzFL). Targets:
+is split over the honest ``num_clients``, as in ByzFL). Targets:
 
 * ``stats``: the statistics a method declares (:meth:`Method.statistics_keys`): BN running means
   under FedAvg (naive BN), FBN's uploaded local copies under FBN. Means by default; variances
@@ -85,7 +85,8 @@ class ByzantineAttack:
     Args:
         name: a name in :data:`ATTACKS` (``sign_flip``, ``foe``, ``alie``).
         num_byzantine: f, the number of Byzantine clients (each sends the same vector).
-        targets: ``stats``, ``updates`` or ``both`` (default: ``stats``, spec B6).
+        targets: ``stats``, ``updates`` or ``both`` (default: ``stats``, what the FBN paper
+            attacks, Guerraoui et al., 2024, Sec. 5).
         args: options of the attack (``tau``) plus ``variance`` (also attack variances; default
             False).
         first_id: client id of the first Byzantine client (ids ``first_id .. first_id + f − 1``).

@@ -89,7 +89,7 @@ def test_attacks_produce_the_documented_vectors():
     np.testing.assert_allclose(foe(h).numpy(), -2 * hn.mean(0), atol=1e-14)  # τ = 3
     np.testing.assert_allclose(foe(h, tau=0.5).numpy(), 0.5 * hn.mean(0), atol=1e-15)
     np.testing.assert_allclose(alie(h).numpy(), hn.mean(0) + 1.5 * hn.std(0, ddof=1), atol=1e-14)
-    # Baruch et al.: n = 10, f = 3 -> s = 3, z = Φ^-1(0.7) ≈ 0.5244 (spec §8.2: "z ≈ 0.52")
+    # Baruch et al.: n = 10, f = 3 -> s = 3, z = Φ^-1(0.7) ≈ 0.5244 (Baruch et al., 2019)
     assert alie_zmax(10, 3) == pytest.approx(0.5244, abs=1e-4)
     np.testing.assert_allclose(alie(h, tau=None, num_byzantine=3).numpy(), hn.mean(0) + alie_zmax(10, 3) * hn.std(0, ddof=1), atol=1e-14)
 
