@@ -73,7 +73,9 @@ from ..errors import ConfigError
 from ..nn.fbn import (
     FederatedBatchNorm,
     attach_fbn_recorders,
+    corrected_variance,
     detach_fbn_recorders,
+    fbn_aggregate,
     fbn_local_update,
     fbn_modules,
     recording_fbn_statistics,
@@ -85,29 +87,7 @@ from .fedavg import FedAvg, aggregate_group
 from .policy import NormPolicy
 from .registry import register_method
 
-__all__ = ["FBN", "corrected_variance"]
-
-
-def corrected_variance(
-    count: torch.Tensor,
-    local_mean: torch.Tensor,
-    local_var: torch.Tensor,
-    shared_var: torch.Tensor,
-    mean: torch.Tensor,
-    momentum: float,
-    decay: torch.Tensor | float,
-) -> torch.Tensor:
-    """Per-client corrected variance ``v_i`` whose count-weighted mean is Eq. 10 (Guerraoui et al.,
-    2024, Sec. 4–5).
-
-    ``v_i = a·σ̂²_run + c·(σ̂²_run^(i) − a·σ̂²_run) + (c/β)·(ū_run^(i) − ū)²`` with ``c = M/(M−1)``,
-    ``M = Σ count``, ``a = decay`` (``1 − β`` for a one-step copy). ``local_var`` holds copies
-    made with biased batch variances (c = 1), so ``c`` unbiases the batch part only (Eq. 6).
-    """
-    total = count.double().sum()
-    c = total / (total - 1)
-    base = decay * shared_var.double()
-    return base + c * (local_var.double() - base) + (c / momentum) * (local_mean.double() - mean) ** 2
+__all__ = ["FBN", "corrected_variance"]  # corrected_variance: fednorm.nn.fbn's, re-exported
 
 
 @register_method("fbn")
@@ -422,12 +402,10 @@ class FBN(FedAvg):
         """One step of Eq. 9–10 over the clients' one-step copies, plain or robust."""
         agg = self.stats_aggregator
         robust = agg is not None and not agg.is_mean
-        if not robust:
+        if not robust:  # Eq. 9-10 as fednorm.nn.fbn.fbn_aggregate computes them for your own loop
             means, variances = {}, {}
             for n, (count, lm, lv) in rows.items():
-                w = (count.double() / count.double().sum()).unsqueeze(-1)
-                means[n] = (w * lm).sum(0)
-                variances[n] = (w * corrected_variance(count, lm, lv, var0[n], means[n], self.momenta[n], decay[n])).sum(0)
+                means[n], variances[n] = fbn_aggregate(count, lm, lv, var0[n], self.momenta[n], decay=decay[n])
             return means, variances
         means = aggregate_group(agg, {n: lm for n, (_, lm, _) in rows.items()})
         if self.robust_variance == "two_stage":

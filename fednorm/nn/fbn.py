@@ -32,6 +32,7 @@ __all__ = [
     "federated_batch_norm",
     "fbn_local_update",
     "fbn_aggregate",
+    "corrected_variance",
     "FederatedBatchNorm",
     "FederatedBatchNorm1d",
     "FederatedBatchNorm2d",
@@ -84,6 +85,28 @@ def fbn_local_update(
     return (1 - b) * running_mean + b * batch_mean, (1 - b) * running_var + b * correction * batch_var
 
 
+def corrected_variance(
+    count: torch.Tensor,
+    local_mean: torch.Tensor,
+    local_var: torch.Tensor,
+    shared_var: torch.Tensor,
+    mean: torch.Tensor,
+    momentum: float,
+    decay: torch.Tensor | float,
+) -> torch.Tensor:
+    """Per-client corrected variance ``v_i`` whose count-weighted mean is Eq. 10 (Guerraoui et al.,
+    2024, Sec. 4–5).
+
+    ``v_i = a·σ̂²_run + c·(σ̂²_run^(i) − a·σ̂²_run) + (c/β)·(ū_run^(i) − ū)²`` with ``c = M/(M−1)``,
+    ``M = Σ count``, ``a = decay`` (``1 − β`` for a one-step copy). ``local_var`` holds copies
+    made with biased batch variances (c = 1), so ``c`` unbiases the batch part only (Eq. 6).
+    """
+    total = count.double().sum()
+    c = total / (total - 1)
+    base = decay * shared_var.double()
+    return base + c * (local_var.double() - base) + (c / momentum) * (local_mean.double() - mean) ** 2
+
+
 def fbn_aggregate(
     count: torch.Tensor,
     local_mean: torch.Tensor,
@@ -134,12 +157,9 @@ def fbn_aggregate(
     if isinstance(decay, torch.Tensor) and decay.dim() > 0:
         decay = decay.reshape(-1)[keep].double().unsqueeze(-1)
     a = (1.0 - momentum) if decay is None else decay
-    total = count.sum()
-    c = total / (total - 1)
-    w = (count / total).unsqueeze(-1)
+    w = (count / count.sum()).unsqueeze(-1)
     mean = (w * local_mean).sum(0) if mean_rule is None else mean_rule(local_mean)
-    base = a * shared_var.double()
-    v = base + c * (local_var - base) + (c / momentum) * (local_mean - mean) ** 2
+    v = corrected_variance(count, local_mean, local_var, shared_var, mean, momentum, a)
     var = (w * v).sum(0) if var_rule is None else var_rule(v).clamp_min(0.0)
     return mean, var
 
