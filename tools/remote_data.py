@@ -13,7 +13,7 @@ chunk cache and writes every ``.npz`` whose chunks are all there, after checking
     python tools/remote_data.py unpack /tmp/data .pack/part<k>       # on the remote machine; /tmp persists while it is warm
 
 Needs numpy and Pillow with WebP (``python -c "import PIL.features as f; print(f.check('webp'))"``).
-REPRODUCTION.md ("GPU runs") tells how the lent GPUs were used with it.
+The commit messages of the GPU runs under reproduction/ tell how the lent GPUs were used with it.
 """
 
 from __future__ import annotations
