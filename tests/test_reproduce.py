@@ -789,7 +789,8 @@ def test_a_finished_run_is_scored_on_the_tables_other_test_sets_and_the_report_s
     """extra_tests: every finished full-scale run is also evaluated on those files of the data folder
     (CIFAR-10's 1,000 lossless test images beside the JPEG copy), and the report gives their accuracy."""
     from fednorm.data.datasets import load_dataset
-    from fednorm.reproduce.report import collect, markdown
+    from fednorm.reproduce.report import collect
+    from fednorm.reproduce.report_markdown import markdown
 
     (table,) = _tiny(tiny_configs)
     table.extra_tests = ["own.npz"]

@@ -17,12 +17,8 @@ import pytest
 from fednorm.config import ExperimentConfig
 from fednorm.errors import ConfigError
 from fednorm.reproduce import PAPERS, collect, load_paper, plan, runner, write_report
-from fednorm.reproduce.report import (
-    last_rounds_mean,
-    markdown,
-    paper_statistic_value,
-    settings_markdown,
-)
+from fednorm.reproduce.report import last_rounds_mean, paper_statistic_value
+from fednorm.reproduce.report_markdown import markdown, settings_markdown
 from fednorm.reproduce.suite import PAPER_STATS, PaperStatistic, load_table
 
 TABLE = textwrap.dedent(
