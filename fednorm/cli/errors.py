@@ -71,12 +71,19 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def one_line_warnings(prog: str = "fednorm") -> None:
-    """Show each warning as ``fednorm: warning: message`` (no file name, line or source line)."""
+    """Show each warning as ``fednorm: warning: message`` (no file name, line or source line), each
+    text once per command: a comparison builds the same data for every variant (and each executor
+    kind checks it), which is one thing to say, not one per variant."""
+    shown: set[str] = set()
 
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: str | None = None) -> None:
         stream = file or sys.stderr
+        text = " ".join(str(message).split())
+        if text in shown:
+            return
+        shown.add(text)
         try:
-            stream.write(f"{prog}: warning: {' '.join(str(message).split())}\n")
+            stream.write(f"{prog}: warning: {text}\n")
         except (OSError, ValueError):  # a closed stream: warnings must never fail the run
             pass
 
