@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,10 @@ def default_run_dir(config: ExperimentConfig, root: str | Path = "runs") -> Path
     import time
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(root) / f"{config.method}-{config.norm}-{config.dataset}-{stamp}"
+    # names like user:tensors (your own data) or a model's user:cnn: no ':' in a folder name
+    # (Windows refuses it, and shells and scp read it as host:path)
+    parts = [re.sub(r"[^A-Za-z0-9_.-]+", "-", str(p)) for p in (config.method, config.norm, config.dataset)]
+    base = Path(root) / f"{'-'.join(parts)}-{stamp}"
     path, i = base, 1
     while path.exists():
         path = Path(f"{base}-{i}")
