@@ -93,8 +93,8 @@ def user_data_error(name: str, run_dir: str | None = None) -> DatasetError:
     """The refusal to rebuild ``user:NAME`` data from a config."""
     where = run_dir or "RUN_DIR"
     return DatasetError(
-        f"dataset '{name}' came from Python and cannot be rebuilt from a config; resume with the same data: "
-        f"fednorm.run(resume='{where}', data=...) (checked against its fingerprint)")
+        f"dataset '{name}' came from Python, which no command can rebuild from the config: give the same data from Python "
+        f"(to resume: fednorm.run(resume='{where}', data=...), checked against its fingerprint)")
 
 
 def check_same_data(recorded: Mapping[str, Any], data: FederatedData, run_dir: str) -> None:

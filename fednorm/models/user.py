@@ -57,8 +57,8 @@ def is_user_model(name: str) -> bool:
 def user_model_error(name: str, run_dir: str | None = None) -> ConfigError:
     """The refusal to rebuild ``user:NAME`` from a config."""
     where = run_dir or "RUN_DIR"
-    return ConfigError(f"model '{name}' is an nn.Module given from Python, which a config cannot rebuild; resume from Python "
-                       f"with the same model: fednorm.run(resume='{where}', model=...)")
+    return ConfigError(f"model '{name}' is an nn.Module given from Python, which no command can rebuild from the config: "
+                       f"work with this run from Python, giving the same model (to resume: fednorm.run(resume='{where}', model=...))")
 
 
 def _structure(module: nn.Module) -> str:
