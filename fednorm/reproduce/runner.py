@@ -435,8 +435,6 @@ def _execute(spec: RunSpec, state: RunState, *, command: str, git: Mapping[str, 
     threads = torch.get_num_threads()  # the engine sets the run's threads; give the caller its own back
     start = time.perf_counter()
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    error = None
-    stop_signal = None
     base = {"started": started, "action": state.action, "command": command, "pid": os.getpid(), **(git or {})}
     _append_record(spec, {**base, "status": "running", "rounds": None, "wall_seconds": 0.0})
     try:
@@ -449,19 +447,28 @@ def _execute(spec: RunSpec, state: RunState, *, command: str, git: Mapping[str, 
             result = api.run(resume=spec.dir, data=data, progress=progress, rounds=cfg["rounds"], **keep)
         else:
             result = api.run(cfg, data=data, progress=progress)
-        summary, stop_signal = result.summary, result.stop_signal
     except (DivergenceError, RoundFailedError) as exc:
-        summary = _read_json(spec.dir / "summary.json") or {"status": "failed"}
-        error = str(exc)
+        result = exc
     finally:
         torch.set_num_threads(threads)
-    wall = time.perf_counter() - start
-    status = str(summary.get("status"))
-    rounds = summary.get("rounds")
+    return finish_invocation(spec, state.action, base, result, time.perf_counter() - start)
+
+
+def finish_invocation(spec: RunSpec, action: str, base: Mapping[str, Any], result: Any, wall: float,
+                      extra: Mapping[str, Any] | None = None) -> Outcome:
+    """An invocation's end, alone or stacked: ``result`` is the run's RunResult, or the divergence
+    or round failure that ended it (a result of the suite, read back from its summary.json);
+    a finished run is scored on the table's other test sets; the invocation's record is completed."""
+    error, stop_signal = None, None
+    if isinstance(result, BaseException):
+        summary, error = _read_json(spec.dir / "summary.json") or {"status": "failed"}, str(result)
+    else:
+        summary, stop_signal = result.summary, result.stop_signal
+    status, rounds = str(summary.get("status")), summary.get("rounds")
     if status == "completed":
         _score_extra_tests(spec)
     _append_record(spec, {**base, "status": status, "rounds": rounds, "wall_seconds": round(wall, 3)})
-    return Outcome(str(spec.dir), state.action, status, rounds, wall, summary, error, stop_signal=stop_signal)
+    return Outcome(str(spec.dir), action, status, rounds, wall, summary, error, extra=dict(extra or {}), stop_signal=stop_signal)
 
 
 def _score_extra_tests(spec: RunSpec) -> None:

@@ -18,7 +18,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from ..engine.runlock import RunLockedError, describe_holder, run_lock
-from .runner import Outcome, RunSpec, RunState, _append_record, _data_for, _read_json, _score_extra_tests
+from .runner import Outcome, RunSpec, RunState, _append_record, _data_for, finish_invocation
 
 __all__ = ["stack_groups", "group_blockers", "execute_stacked"]
 
@@ -89,20 +89,11 @@ def execute_stacked(group: Sequence[tuple[RunSpec, RunState]], *, command: str =
                 torch.set_num_threads(threads)
             wall = time.perf_counter() - start
             for i, spec, base, result in zip(todo, specs, bases, results):
-                error, stop_signal = None, None
-                if isinstance(result, (DivergenceError, RoundFailedError)):
-                    summary, error = _read_json(spec.dir / "summary.json") or {"status": "failed"}, str(result)
-                elif isinstance(result, BaseException):
+                if isinstance(result, BaseException) and not isinstance(result, (DivergenceError, RoundFailedError)):
                     raise result  # missing data, bad settings: as a run alone
-                else:
-                    summary, stop_signal = result.summary, result.stop_signal
-                status, rounds = str(summary.get("status")), summary.get("rounds")
-                if status == "completed":
-                    _score_extra_tests(spec)
                 # the group's wall time, shared: each run's record says it ran stacked with the others
-                _append_record(spec, {**base, "status": status, "rounds": rounds, "wall_seconds": round(wall / len(todo), 3)})
-                outcomes[i] = Outcome(str(spec.dir), group[i][1].action, status, rounds, wall / len(todo), summary, error,
-                                      extra={"stacked_with": len(todo)}, stop_signal=stop_signal)
+                outcomes[i] = finish_invocation(spec, group[i][1].action, base, result, wall / len(todo),
+                                                extra={"stacked_with": len(todo)})
     return [outcomes[i] for i in range(len(group))], info
 
 
