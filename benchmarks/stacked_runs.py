@@ -9,6 +9,7 @@ once, at the end. The ratio is the median of the per-repeat paired ratios of sam
 
     python benchmarks/stacked_runs.py --data-dir ../shared/data --runs 3 --rounds 2 --repeats 3
     python benchmarks/stacked_runs.py --dataset digits --runs 3 --rounds 5 --repeats 5
+    python benchmarks/stacked_runs.py --data-dir DATA --runs 10 --rounds 1 --repeats 3 --device cuda
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="torch device of every run, e.g. cuda")
     ap.add_argument("--out", default="benchmarks/results/stacked_runs.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -49,7 +51,7 @@ def main() -> None:
                 partition="dirichlet", alpha=0.6, min_size=args.batch_size, num_clients=100 if args.dataset != "digits" else 10,
                 clients_per_round=10 if args.dataset != "digits" else 5, model=args.model, norm=args.norm, method=args.method,
                 batch_size=args.batch_size, drop_last=True, local_epochs=1, lr=0.01, momentum=0.9, max_grad_norm=10.0,
-                rounds=args.rounds, eval_every=10**6, threads=args.threads)
+                rounds=args.rounds, eval_every=10**6, threads=args.threads, device=args.device)
     configs = [ExperimentConfig(**base, seed=s) for s in range(args.runs)]
     datas = [federated_data_from_config(c) for c in configs]
 
@@ -65,7 +67,8 @@ def main() -> None:
                          baseline="one after another")
     rates = {name: timing.rate_and_cpu(name) for name in timing.runs}
     ratio = timing.ratio("stacked", "one after another", "rate")
-    print_row(f"{args.runs} x {args.method}+{args.norm} {args.model} on {args.dataset}, B={args.batch_size}, {args.rounds} rounds",
+    print_row(f"{args.runs} x {args.method}+{args.norm} {args.model} on {args.dataset}, B={args.batch_size}, {args.rounds} rounds, "
+              f"{args.device}",
               timing.describe() + f" | paired: stacked / one after another {ratio:.2f}x")
     write_result(args.out, {"benchmark": "stacked_runs", "args": vars(args),
                             "samples_per_s": {n: w for n, (w, _) in rates.items()},

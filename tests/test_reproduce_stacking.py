@@ -124,3 +124,31 @@ def test_a_finished_seed_extends_stacked_with_new_ones(configs: Path, tmp_path: 
         grown, ref = _history(out, run), _history(whole, run)
         assert [h["round"] for h in grown] == list(range(1, 7)) == [h["round"] for h in ref]
         assert [h["test_accuracy"] for h in grown] == [h["test_accuracy"] for h in ref], run
+
+
+def test_stack_cells_trains_a_rows_columns_as_one_computation(tmp_path: Path, capsys) -> None:
+    """``--stack cells``: a row's cells that differ in the partition (alpha) join one stacked
+    computation with every seed, and write exactly what the suite run one by one writes."""
+    x = '  - {id: x, label: "alpha 0.5", set: {alpha: 0.5}}'
+    assert x in TABLE
+    table = TABLE.replace(x, x + '\n  - {id: y, label: "alpha 5", set: {alpha: 5.0}}')
+    table = table.replace("a: {x: 80.0}", "a: {x: 80.0, y: 80.0}").replace("h: {x: 80.0}", "h: {x: 80.0, y: 80.0}")
+    root = tmp_path / "configs"
+    (root / "hbn").mkdir(parents=True)
+    (root / "hbn" / "tiny.yaml").write_text(table)
+    assert _suite(root, tmp_path / "wide", "--rows", "a,h", "--seeds", "2", "--stack", "cells") == 0
+    said = capsys.readouterr().out
+    assert ("tiny H | alpha 0.5 seed 3; tiny H | alpha 5 seed 3; tiny H | alpha 0.5 seed 4; tiny H | alpha 5 seed 4 "
+            "stacked into one computation") in said
+    record = json.loads(next((tmp_path / "wide").rglob("a__y/seed4/reproduce.json")).read_text())
+    assert record["invocations"][-1]["stacked_with"] == 4
+    assert _suite(root, tmp_path / "alone", "--rows", "a,h", "--seeds", "2", "--stack", "off") == 0
+    wide, alone = _runs(tmp_path / "wide"), _runs(tmp_path / "alone")
+    assert sorted(wide) == sorted(alone) and len(wide) == 8
+    for run in wide:
+        hw, ha = _history(tmp_path / "wide", run), _history(tmp_path / "alone", run)
+        assert [h["round"] for h in hw] == [h["round"] for h in ha] == [1, 2, 3, 4]
+        assert [h["test_accuracy"] for h in hw] == [h["test_accuracy"] for h in ha], run
+        assert [h["test_loss"] for h in hw] == pytest.approx([h["test_loss"] for h in ha], rel=1e-10, abs=1e-12), run
+    # the two columns' partitions differ, so a wrong grouping (one partition for all) could not pass
+    assert _history(tmp_path / "wide", "a__x/seed3") != _history(tmp_path / "wide", "a__y/seed3")

@@ -45,10 +45,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "a later, larger value extends the finished runs)")
     p.add_argument("--out", type=Path, help="output folder (default: reproduce/<paper>/<scale>)")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel, one process each (default: 1)")
-    p.add_argument("--stack", choices=("auto", "off"), default="auto",
+    p.add_argument("--stack", choices=("auto", "cells", "off"), default="auto",
                    help="auto (default): a cell's seeds train together as one computation where the method allows "
-                        "(equal to one by one to float rounding; much faster on a GPU); off: one run at a time. "
-                        "With --jobs > 1 each process runs one run")
+                        "(equal to one by one to float rounding; much faster on a GPU); cells: also the runs of a "
+                        "row's cells that differ only in partition or learning rate (a GPU trains many stacked rows "
+                        "as fast as a few); off: one run at a time. With --jobs > 1 each process runs one run")
     p.add_argument("--threads", type=int, help="torch threads per run (default: 1 with --jobs > 1, else torch's choice)")
     p.add_argument("--device", help="torch device of every run, e.g. cuda (default: the config's, cpu)")
     p.add_argument("--data-dir", help="folder holding the datasets (default: $FEDNORM_DATA, else ../shared/data beside the "
@@ -207,15 +208,19 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
 
     def on_group(specs: list, blockers: list[str]) -> None:
         first = specs[0]
-        seeds = ", ".join(str(s.seed) for s in specs)
-        if blockers:
-            print(f"{first.table} {first.label}: seeds {seeds} run one by one ({'; '.join(blockers)})", flush=True)
+        if len({(s.table, s.label) for s in specs}) > 1:  # --stack cells: several cells in one group
+            what = "; ".join(f"{s.table} {s.label} seed {s.seed}" for s in specs)
         else:
-            print(f"{first.table} {first.label}: seeds {seeds} stacked into one computation", flush=True)
+            what = f"{first.table} {first.label}: seeds " + ", ".join(str(s.seed) for s in specs)
+        if blockers:
+            print(f"{what} run one by one ({'; '.join(blockers)})", flush=True)
+        else:
+            print(f"{what} stacked into one computation", flush=True)
 
     try:
         schedule.run_all(ready, jobs=args.jobs, command=cmd, git=git, on_done=on_done, on_group=on_group,
-                       stack=args.stack == "auto" and args.jobs <= 1, progress=False if (args.quiet or args.jobs > 1) else None)
+                       stack=args.stack != "off" and args.jobs <= 1, stack_cells=args.stack == "cells",
+                       progress=False if (args.quiet or args.jobs > 1) else None)
     except schedule.SuiteInterrupted as exc:
         print("fednorm reproduce: interrupted; every started run has a checkpoint. Run the same command again to resume.",
               file=sys.stderr)

@@ -48,6 +48,7 @@ def run_all(
     on_done: Callable[[RunSpec, Outcome], None] | None = None,
     progress: bool | None = None,
     stack: bool = False,
+    stack_cells: bool = False,
     on_group: Callable[[list[RunSpec], list[str]], None] | None = None,
 ) -> list[Outcome]:
     """Execute ``work`` (runs that are not done), in this process or over ``jobs`` processes.
@@ -55,12 +56,13 @@ def run_all(
     ``stack``: the runs of a cell that differ only in seed train together as one computation
     (:mod:`fednorm.reproduce.stacking`; equal to running them one by one to float rounding);
     ``on_group(specs, blockers)`` hears of each group before it starts (``blockers`` empty when
-    it stacks). An interrupted run (SIGINT/SIGTERM: the engine checkpoints after the current
+    it stacks). ``stack_cells``: with ``stack``, runs of different cells stack too where their
+    configs allow (:func:`~fednorm.reproduce.stacking.stack_groups`). An interrupted run (SIGINT/SIGTERM: the engine checkpoints after the current
     round) stops the suite with :class:`SuiteInterrupted`; the same command resumes it.
     """
     outcomes: list[Outcome] = []
     if jobs <= 1:
-        groups = stack_groups(work) if stack else [[item] for item in work]
+        groups = stack_groups(work, across_cells=stack_cells) if stack else [[item] for item in work]
         for group in groups:
             blockers = group_blockers(group) if len(group) > 1 else []
             if on_group and len(group) > 1:

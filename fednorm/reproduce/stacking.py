@@ -1,7 +1,8 @@
 """A table's seeds run as one computation (:mod:`fednorm.engine.stacked_runs`).
 
 The runs of one cell differ only in their seed; :func:`stack_groups` puts the pending ones
-together and :func:`execute_stacked` trains them stacked, each in its own run directory, with its
+together (with ``across_cells``, also the runs of other cells whose configs differ only in what
+the engine stacks: seed, partition, learning rate, length) and :func:`execute_stacked` trains them stacked, each in its own run directory, with its
 own lock, invocation record and scoring on the extra test sets, exactly as
 :func:`~fednorm.reproduce.runner.execute` does for one run. Results equal the runs made one by one
 to float rounding (tested in ``tests/test_stacked_runs.py`` and ``tests/test_reproduce_stacking.py``).
@@ -30,12 +31,26 @@ def _group_key(spec: RunSpec) -> str:
     return json.dumps({k: v for k, v in spec.config.items() if k not in _EXECUTION_FIELDS}, sort_keys=True, default=str)
 
 
-def stack_groups(work: Sequence[tuple[RunSpec, RunState]], max_runs: int | None = None) -> list[list[tuple[RunSpec, RunState]]]:
+def _engine_key(spec: RunSpec) -> str:
+    """What :func:`~fednorm.engine.stacked_runs.stack_blockers` needs equal across stacked runs."""
+    from ..config import ExperimentConfig
+    from ..engine.stacked_runs import SHARED_FIELDS
+
+    config = ExperimentConfig(**spec.config)
+    return json.dumps({k: getattr(config, k) for k in SHARED_FIELDS}, sort_keys=True, default=str)
+
+
+def stack_groups(work: Sequence[tuple[RunSpec, RunState]], max_runs: int | None = None,
+                 across_cells: bool = False) -> list[list[tuple[RunSpec, RunState]]]:
     """``work`` in groups of runs that differ only in seed (in their order of first appearance),
-    each at most ``max_runs`` long."""
+    each at most ``max_runs`` long. ``across_cells``: runs of different cells join a group when
+    the engine can stack them (a table's columns that differ in partition or learning rate), so
+    that a GPU, which runs a few stacked rows as fast as many, trains a whole row of the table
+    as one computation."""
+    key = _engine_key if across_cells else _group_key
     groups: dict[str, list[tuple[RunSpec, RunState]]] = {}
     for item in work:
-        groups.setdefault(_group_key(item[0]), []).append(item)
+        groups.setdefault(key(item[0]), []).append(item)
     out = []
     for members in groups.values():
         size = max_runs or len(members)
