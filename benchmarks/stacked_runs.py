@@ -9,19 +9,22 @@ once, at the end. The ratio is the median of the per-repeat paired ratios of sam
 
     python benchmarks/stacked_runs.py --data-dir ../shared/data --runs 3 --rounds 2 --repeats 3
     python benchmarks/stacked_runs.py --dataset digits --runs 3 --rounds 5 --repeats 5
-    python benchmarks/stacked_runs.py --data-dir DATA --runs 10 --rounds 1 --repeats 3 --device cuda
+    python benchmarks/stacked_runs.py --synthetic --runs 10 --rounds 1 --repeats 3 --device cuda
+
+``--synthetic`` times on random images in CIFAR-10's shape (for a machine the data cannot reach).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
-from benchmarks._common import data_dir  # noqa: E402
+from benchmarks._common import data_dir, write_synthetic_cifar10  # noqa: E402
 from benchmarks.harness import interleaved, print_row, write_result  # noqa: E402
 
 from fednorm import api  # noqa: E402
@@ -33,6 +36,8 @@ from fednorm.engine.stacked_runs import run_stacked  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="random images in CIFAR-10's npz layout, written to a temporary folder (timing only)")
     ap.add_argument("--dataset", default="cifar10")
     ap.add_argument("--model", default="simple_cnn")
     ap.add_argument("--norm", default="bn")
@@ -46,6 +51,10 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/stacked_runs.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.synthetic:
+        if args.dataset != "cifar10":
+            ap.error("--synthetic writes CIFAR-10's layout: leave --dataset at cifar10")
+        args.data_dir = write_synthetic_cifar10(tempfile.mkdtemp(prefix="fednorm_synthetic_"))
     # HBN Table 1's setting (100 clients, Dirichlet 0.6, 10 per round, one local epoch at B = 4)
     base = dict(dataset=args.dataset, data_dir=data_dir(args.data_dir) if args.dataset != "digits" else None,
                 partition="dirichlet", alpha=0.6, min_size=args.batch_size, num_clients=100 if args.dataset != "digits" else 10,

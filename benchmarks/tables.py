@@ -67,9 +67,9 @@ def executors_table(result: Result) -> str:
     return _table(head, "|---|" + "---:|" * (len(head) - 1), rows)
 
 
-def stacked_runs_table(entries: list[tuple[str, Result]]) -> str:
+def stacked_runs_table(entries: list[tuple[str, Result]], first: str = "dataset") -> str:
     """benchmarks/stacked_runs.py, one row per result file: ``(row label, result)``."""
-    head = ["dataset", "rounds × repeats", "stacked (samples/s)", "one after another", "**stacked / one after another**"]
+    head = [first, "rounds × repeats", "stacked (samples/s)", "one after another", "**stacked / one after another**"]
     rows = [[label, f"{r['args']['rounds']} × {r['args']['repeats']}", f"{r['samples_per_s']['stacked']:.0f}",
              f"{r['samples_per_s']['one after another']:.0f}", _x(r["stacked / one after another"], bold=True)]
             for label, r in entries]
@@ -163,6 +163,11 @@ TABLES: dict[str, Callable[[Path], str]] = {
         ("CIFAR-10 (32×32)", load("stacked_runs_cifar_1thread.json", d)),
         ("CIFAR-10, HBN (`default` preset, `--method hbn --norm hbn`)", load("stacked_runs_hbn_cifar10.json", d)),
     ]),
+    "stacked_runs_gpu": lambda d: stacked_runs_table([
+        ("10 runs of FedAvg+BN", load("stacked_runs_gpu_h200_bn10.json", d)),
+        ("30 runs of FedAvg+BN", load("stacked_runs_gpu_h200_bn30.json", d)),
+        ("6 runs of HBN (`default` preset, `--method hbn --norm hbn`)", load("stacked_runs_gpu_h200_hbn6.json", d)),
+    ], first="what ran (one H200, 1 thread, `--synthetic`)"),
     "fedtan_split_b128": lambda d: fedtan_split_table(load("fedtan_split_b128.json", d)),
     "round_vs_centralized": lambda d: round_vs_centralized_table(
         [load(f"round_vs_centralized_{ex}_b{b}.json", d) for ex in ("sequential", "vectorized") for b in (16, 4)]),
