@@ -807,3 +807,20 @@ def test_a_finished_run_is_scored_on_the_tables_other_test_sets_and_the_report_s
     (cell,) = [c for c in results["tables"][0]["cells"] if (c["row"], c["column"]) == ("a", "x")]
     assert cell["stats"]["test:own.npz"]["mean"] == pytest.approx(100 * entry["accuracy"])
     assert "Final accuracy on `own.npz`" in markdown(results)
+
+
+def test_export_carries_the_scores_on_other_test_sets_and_keeps_the_copys_current_ones(tmp_path: Path) -> None:
+    """A finished run's lossless-subset score (evaluation.json) reaches the committed copy; a score
+    made on the copy itself for the same round survives the export, one of an older round does not."""
+    from fednorm.reproduce.export import EVALUATION, export_runs
+
+    run = _export_run(tmp_path / "work", 5, "completed")
+    (run / EVALUATION).write_text(json.dumps({"lossless.npz": {"round": 5, "accuracy": 0.7}}))
+    target = _export_run(tmp_path / "dest", 4, "interrupted")
+    (target / EVALUATION).write_text(json.dumps({"original.npz": {"round": 4, "accuracy": 0.5}}))
+    export_runs(tmp_path / "work", tmp_path / "dest")
+    assert json.loads((target / EVALUATION).read_text()) == {"lossless.npz": {"round": 5, "accuracy": 0.7}}
+    (target / EVALUATION).write_text(json.dumps({"original.npz": {"round": 5, "accuracy": 0.72}}))
+    export_runs(tmp_path / "work", tmp_path / "dest")  # as far along: replaced, the copy's round-5 score kept
+    assert json.loads((target / EVALUATION).read_text()) == {
+        "original.npz": {"round": 5, "accuracy": 0.72}, "lossless.npz": {"round": 5, "accuracy": 0.7}}

@@ -19,11 +19,14 @@ from pathlib import Path
 
 from .runner import RECORD_NAME
 
-__all__ = ["RECORD_FILES", "CHECKPOINT", "FINISHED_CHECKPOINT_LIMIT", "ExportResult", "export_runs"]
+__all__ = ["RECORD_FILES", "CHECKPOINT", "EVALUATION", "FINISHED_CHECKPOINT_LIMIT", "ExportResult", "export_runs"]
 
 #: The files of a run directory that make its result (what the report and a reader need).
 RECORD_FILES = ("config.yaml", "metrics.jsonl", "summary.json", RECORD_NAME, "partition.json", "accuracy.png")
 CHECKPOINT = "checkpoint.pt"
+#: Scores on other test sets (``fednorm evaluate``, a run's extra-test scoring), one entry per test
+#: file; merged on export, since a committed copy may hold scores made there.
+EVALUATION = "evaluation.json"
 #: Bytes up to which a finished run's checkpoint is exported (the CNNs of HBN, FedTAN and LN are 0.6-3 MB;
 #: FBN's and FedBN's, with every client's momentum, 40-58 MB, too large to commit).
 FINISHED_CHECKPOINT_LIMIT = 5 * 1024 * 1024
@@ -63,6 +66,18 @@ def _run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.glob("*/*/seed*/config.yaml") if not p.parts[len(root.parts)].startswith("_"))
 
 
+def _merge_evaluations(source: Path, target: Path, rounds: int) -> None:
+    """The run's scores on other test sets, over the committed copy's: an entry of the copy stays
+    only while it scores the round the run has reached (a score of an older checkpoint is stale)."""
+    kept = {name: entry for name, entry in _read(target).items()
+            if isinstance(entry, dict) and entry.get("round") == rounds}
+    merged = {**kept, **_read(source)}
+    if merged:
+        target.write_text(json.dumps(merged, indent=2) + "\n")
+    elif target.is_file():
+        target.unlink()
+
+
 def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = False,
                 finished_limit: int = FINISHED_CHECKPOINT_LIMIT) -> ExportResult:
     """Copy every run's records from the suite folder ``source`` into ``dest`` (same layout).
@@ -93,6 +108,7 @@ def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = Fal
                 shutil.copy2(run / name, target / name)
             elif name != RECORD_NAME and (target / name).is_file():
                 (target / name).unlink()  # a stale file of an earlier export (e.g. a summary the run no longer has)
+        _merge_evaluations(run / EVALUATION, target / EVALUATION, rounds)
         stale = target / CHECKPOINT
         record = _read(run / RECORD_NAME)
         # A full-scale run stopped at a stated fraction (--rounds) is finished for now but will be
