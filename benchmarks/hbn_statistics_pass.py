@@ -21,6 +21,7 @@ a table, per-layer distances between the two pools, and writes
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/hbn_statistics_pass.py \\
         reproduction/hbn/table1/hbn__phi0.1/seed42 [--resample 20] [--test-limit 2000] [--write]
+    python benchmarks/hbn_statistics_pass.py --summary   # both passes over the seeds, from the results file
 """
 
 from __future__ import annotations
@@ -142,6 +143,47 @@ def measure_run(run_dir: Path, data: str, test_limit: int | None, threads: int, 
     }
 
 
+def paired(one: list[float], other: list[float], level: float = 0.95) -> dict[str, Any]:
+    """Mean of ``other − one`` over seeds and its paired Student-t interval (None for one seed):
+    the same weights measured both ways, so the pairs share everything but the pass."""
+    from scipy.stats import t as student_t
+
+    diffs = [b - a for a, b in zip(one, other)]
+    mean = float(np.mean(diffs))
+    if len(diffs) < 2:
+        return {"diff": mean, "low": None, "high": None, "n": len(diffs)}
+    half = float(student_t.ppf(0.5 + level / 2, len(diffs) - 1)) * float(np.std(diffs, ddof=1)) / len(diffs) ** 0.5
+    return {"diff": mean, "low": mean - half, "high": mean + half, "n": len(diffs)}
+
+
+def summary(results: dict[str, Any]) -> str:
+    """Per preset and Dir(φ): each pass's final accuracy (mean ± std over the measured seeds) and
+    the layer-wise pass's paired gain, for the evaluation re-sync's clients and round T+1's."""
+    cells: dict[tuple[str, float, str], dict[str, list[float]]] = {}
+    seeds: dict[tuple[str, float, str], list[str]] = {}
+    for run, res in sorted(results["runs"].items()):
+        for row in res["rows"]:
+            key = (res["preset"], res["alpha"], row["clients"])
+            cells.setdefault(key, {}).setdefault(row["pass"], []).append(100 * row["test_accuracy"])
+            if row["pass"] == "layer-wise":
+                seeds.setdefault(key, []).append(Path(run).name)
+
+    def fmt(vals: list[float]) -> str:
+        return f"{np.mean(vals):.2f} ± {np.std(vals, ddof=1):.2f}" if len(vals) > 1 else f"{vals[0]:.2f}"
+
+    lines = ["| preset | φ | clients | seeds | the run's pass | layer-wise | layer-wise − run's pass (paired 95%) |",
+             "|---|---|---|---|---:|---:|---:|"]
+    for (preset, alpha, clients), passes in sorted(cells.items()):
+        one, layer = passes.get("the run's pass", []), passes.get("layer-wise", [])
+        if not one or len(one) != len(layer):
+            continue
+        d = paired(one, layer)
+        gain = f"{d['diff']:+.2f}" + (f" ({d['low']:+.2f} to {d['high']:+.2f})" if d["low"] is not None else "")
+        lines.append(f"| {preset} | {alpha} | {clients} | {', '.join(seeds[(preset, alpha, clients)])} | "
+                     f"{fmt(one)} | {fmt(layer)} | {gain} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="*", help="run directories (default: the committed paper-preset φ = 0.1 run)")
@@ -150,7 +192,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--resample", type=int, default=0, help="both passes over K other seeded client samples")
     parser.add_argument("--write", action="store_true", help="merge into benchmarks/results/hbn_statistics_pass.json")
+    parser.add_argument("--summary", action="store_true", help="print both passes over the seeds in the results file")
     args = parser.parse_args()
+    if args.summary:
+        print(summary(json.loads((ROOT / "benchmarks/results/hbn_statistics_pass.json").read_text())))
+        return
     torch.set_num_threads(args.threads)
     data = data_dir(args.data_dir)
     results = []
