@@ -49,6 +49,9 @@ class ExperimentConfig(BaseModel):
     num_clients: int = Field(10, ge=1, description="number of clients")
     clients_per_round: int | None = Field(None, ge=1, description="clients sampled per round (default: all)")
     augment: bool | None = Field(None, description="train-time random crop + flip (default: the dataset's default)")
+    crop_fill: Literal["zero", "black"] = Field(
+        "zero", description="what the random crop pads with: 'zero' (in standardised inputs, the normalisation's mean "
+        "colour) or 'black' (a black pixel, as torchvision's RandomCrop before Normalize: the HBN and FedTAN released code)")
     input_norm: Literal["dataset", "none"] | dict[str, list[float]] = Field(
         "dataset",
         description="input standardisation: 'dataset' (its own per-channel mean/std), 'none' (pixels in [0, 1]), or "

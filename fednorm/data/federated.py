@@ -23,7 +23,8 @@ from ..errors import PartitionError
 from .datasets import DatasetInfo, dataset_to_tensors, load_dataset
 from .partition import client_domains, label_histogram, partition, split_by_domain, split_like
 
-__all__ = ["FederatedData", "build_federated_data", "cached_federated_data", "federated_data_from_config", "repartition"]
+__all__ = ["FederatedData", "build_federated_data", "cached_federated_data", "crop_fill_values", "federated_data_from_config",
+           "repartition"]
 
 
 @dataclass
@@ -382,6 +383,29 @@ def federated_data_from_config(config: object) -> FederatedData:
     )
     data.recipe = data_recipe(config)
     return data
+
+
+def crop_fill_values(config: object, data: FederatedData) -> tuple[float, ...] | None:
+    """The random crop's padding value per channel for ``config.crop_fill``: None for ``zero``;
+    for ``black``, a black pixel as ``data``'s normalisation turned it (the normalisation is
+    known only for data built from a config: tensors a user passes in are refused)."""
+    from ..errors import ConfigError
+    from .transforms import pixel_value
+
+    if getattr(config, "crop_fill", "zero") == "zero":
+        return None
+    recipe = data.recipe
+    if recipe is None:
+        raise ConfigError("crop_fill: black needs the normalisation of the training tensors, which fednorm knows only for "
+                          "data it built from the config; pad your tensors' crops yourself, or keep crop_fill: zero")
+    norm = recipe.get("input_norm", "dataset")
+    if norm == "dataset":
+        mean, std = data.info.mean, data.info.std
+    elif norm == "none":
+        mean, std = (0.0,) * data.info.in_channels, (1.0,) * data.info.in_channels
+    else:
+        mean, std = norm["mean"], norm["std"]
+    return pixel_value(0, mean, std)
 
 
 #: Recipe fields a repartition may change: they decide only which client holds which sample.

@@ -8,6 +8,7 @@ reproducible per client and never touches the global RNG.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["normalize", "random_crop_flip", "draw_crop_flip", "apply_crop_flip"]
+__all__ = ["normalize", "pixel_value", "random_crop_flip", "draw_crop_flip", "apply_crop_flip", "CropFlip"]
 
 
 def normalize(
@@ -65,14 +66,23 @@ def normalize(
     return out.mul_(scale).sub_(shift)
 
 
+def pixel_value(value: int, mean: Sequence[float], std: Sequence[float]) -> tuple[float, ...]:
+    """What a pixel of ``value`` (0-255) in every channel becomes under :func:`normalize`,
+    computed by it: ``pixel_value(0, mean, std)`` is black in the normalised tensors, the fill
+    of a crop padded before normalisation (torchvision's ``RandomCrop`` ahead of ``Normalize``)."""
+    pixel = torch.full((1, 1, 1, len(mean)), value, dtype=torch.uint8)
+    return tuple(float(v) for v in normalize(pixel, mean, std).flatten())
+
+
 def random_crop_flip(
     x: Tensor,
     *,
     padding: int = 4,
     flip: bool = True,
     generator: torch.Generator | None = None,
+    fill: Sequence[float] | None = None,
 ) -> Tensor:
-    """Zero-pad, crop back to size at a random offset, and mirror half of the samples.
+    """Pad, crop back to size at a random offset, and mirror half of the samples.
 
     The standard CIFAR training augmentation (torchvision's ``RandomCrop(H, padding)``
     plus ``RandomHorizontalFlip()``), applied to a whole batch with one gather: each
@@ -85,9 +95,11 @@ def random_crop_flip(
 
     Args:
         x: batch ``B×C×H×W`` of any floating or integer dtype.
-        padding: zero padding added on every side before cropping (default: 4).
+        padding: padding added on every side before cropping (default: 4).
         flip: whether to flip horizontally with probability 0.5 (default: True).
         generator: source of randomness (default: the global generator).
+        fill: the padding's value per channel (default: zero, which in standardised
+            tensors is the normalisation's mean colour; :func:`pixel_value` gives black).
 
     Returns:
         A new tensor with the shape, dtype and device of ``x``.
@@ -103,7 +115,7 @@ def random_crop_flip(
         raise ValueError(f"padding must be >= 0, got {padding}")
     b = x.shape[0]
     top, left, flipped = draw_crop_flip(b, padding=padding, flip=flip, generator=generator, device=x.device)
-    return apply_crop_flip(x, top, left, flipped, padding=padding)
+    return apply_crop_flip(x, top, left, flipped, padding=padding, fill=fill)
 
 
 def draw_crop_flip(
@@ -130,10 +142,21 @@ def draw_crop_flip(
     return top.to(device), left.to(device), flipped.to(device)
 
 
-def apply_crop_flip(x: Tensor, top: Tensor, left: Tensor, flipped: Tensor, *, padding: int = 4) -> Tensor:
-    """Crop each sample of ``x`` (``B×C×H×W``) at its offsets after zero padding, flipping where asked."""
+def apply_crop_flip(x: Tensor, top: Tensor, left: Tensor, flipped: Tensor, *, padding: int = 4,
+                    fill: Sequence[float] | None = None) -> Tensor:
+    """Crop each sample of ``x`` (``B×C×H×W``) at its offsets after padding (with zeros, or
+    ``fill`` per channel), flipping where asked."""
     b, c, h, w = x.shape
     padded = F.pad(x, (padding, padding, padding, padding)) if padding else x
+    if padding and fill is not None:
+        if len(fill) != c:
+            raise ValueError(f"fill needs one value per channel ({c}), got {len(fill)}")
+        value = torch.tensor(list(fill), dtype=x.dtype, device=x.device).view(1, c, 1, 1)
+        # the border only: the image inside is copied untouched
+        padded[:, :, :padding, :] = value
+        padded[:, :, -padding:, :] = value
+        padded[:, :, :, :padding] = value
+        padded[:, :, :, -padding:] = value
     wp = w + 2 * padding
     rows = top[:, None] + torch.arange(h, device=x.device)  # B×H
     col_steps = torch.arange(w, device=x.device)
@@ -142,3 +165,15 @@ def apply_crop_flip(x: Tensor, top: Tensor, left: Tensor, flipped: Tensor, *, pa
     flat_index = (rows[:, :, None] * wp + cols[:, None, :]).view(b, 1, h * w)
     out = padded.reshape(b, c, (h + 2 * padding) * wp).gather(2, flat_index.expand(b, c, h * w))
     return out.view(b, c, h, w)
+
+
+@dataclass(frozen=True)
+class CropFlip:
+    """A run's training augmentation (random crop and flip), for passes a method makes over the
+    training data that should see what training sees (HBN's reference-code statistics)."""
+
+    padding: int = 4
+    fill: tuple[float, ...] | None = None  # None: zero padding
+
+    def __call__(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        return random_crop_flip(x, padding=self.padding, generator=generator, fill=self.fill)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fednorm.data.transforms import normalize, random_crop_flip
+from fednorm.data.transforms import CropFlip, normalize, pixel_value, random_crop_flip
 
 
 def _images(n: int = 6, h: int = 5, w: int = 7, c: int = 3, seed: int = 0) -> np.ndarray:
@@ -140,7 +140,29 @@ class TestRandomCropFlip:
         assert out.dtype == torch.uint8
         assert set(out.unique().tolist()) <= {0, 200}
 
+    def test_black_fill_is_the_code_order_crop_then_normalize(self) -> None:
+        """crop_fill black: normalising, then cropping with pixel_value(0) as the fill, equals
+        torchvision's order (pad with black and crop the uint8 image, then Normalize), exactly."""
+        mean, std = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
+        images = _images(n=40, h=6, w=5, c=3, seed=7)
+        out = random_crop_flip(normalize(images, mean, std), padding=3, generator=torch.Generator().manual_seed(8),
+                               fill=pixel_value(0, mean, std))
+        cropped = _crop_flip_reference(torch.from_numpy(images).permute(0, 3, 1, 2), 3, True, torch.Generator().manual_seed(8))
+        ref = normalize(cropped.permute(0, 2, 3, 1).contiguous(), mean, std)
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        assert (out == torch.tensor(pixel_value(0, mean, std)).view(1, 3, 1, 1)).any()  # some border was drawn
+        np.testing.assert_allclose(pixel_value(0, mean, std), [-m / s for m, s in zip(mean, std)], rtol=1e-6)
+
+    def test_crop_flip_object_applies_its_padding_and_fill(self) -> None:
+        x = torch.randn(16, 2, 4, 4, dtype=torch.float64)
+        aug = CropFlip(2, (-3.0, 5.0))
+        torch.testing.assert_close(aug(x, torch.Generator().manual_seed(9)),
+                                   random_crop_flip(x, padding=2, generator=torch.Generator().manual_seed(9), fill=(-3.0, 5.0)),
+                                   rtol=0, atol=0)
+
     def test_rejects_bad_inputs(self) -> None:
+        with pytest.raises(ValueError, match="one value per channel"):
+            random_crop_flip(torch.zeros(1, 3, 4, 4), padding=1, fill=(0.0, 1.0))
         with pytest.raises(ValueError, match="4D"):
             random_crop_flip(torch.zeros(3, 4, 4))
         with pytest.raises(ValueError, match="padding"):

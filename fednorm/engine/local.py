@@ -38,6 +38,7 @@ class LocalSpec:
     dsgd: bool = False
     augment: bool = False
     crop_padding: int = 4
+    crop_fill: tuple[float, ...] | None = None  # per channel; None: zero padding
     channels_last: bool = False
 
 
@@ -216,7 +217,7 @@ def train_local(
         xb = x.index_select(0, batch)
         yb = y.index_select(0, batch)
         if spec.augment:
-            xb = random_crop_flip(xb, padding=spec.crop_padding, generator=generator)
+            xb = random_crop_flip(xb, padding=spec.crop_padding, generator=generator, fill=spec.crop_fill)
         if spec.channels_last and xb.dim() == 4:
             xb = xb.contiguous(memory_format=torch.channels_last)
         loss = F.cross_entropy(model(xb), yb)

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from ..config import ExperimentConfig
-from ..data.federated import FederatedData, federated_data_from_config
+from ..data.federated import FederatedData, crop_fill_values, federated_data_from_config
+from ..data.transforms import CropFlip
 from ..diagnostics import Diagnostics
 from ..errors import ConfigError, DivergenceError, RoundFailedError
 from ..methods import Method
@@ -165,7 +166,8 @@ class Simulation:
         self.model.to(device=self.device, dtype=self.dtype)
         self.method: Method = build_method(config)  # the method, composed with client_opt / server_opt
         self.method.seed = config.seed
-        self.method.train_augmentation = info.crop_padding if self.data.augment else None
+        crop_fill = crop_fill_values(config, self.data) if self.data.augment else None
+        self.method.train_augmentation = CropFlip(info.crop_padding, crop_fill) if self.data.augment else None
         self.method.setup(self.model)
         for module in self.model.modules():
             needed = getattr(module, "requires_method", None)
@@ -196,6 +198,7 @@ class Simulation:
             dsgd=config.dsgd,
             augment=self.data.augment,
             crop_padding=info.crop_padding,
+            crop_fill=crop_fill,
             channels_last=config.channels_last and any(isinstance(m, nn.Conv2d) for m in self.model.modules()),
         )
         self.method.channels_last = self.spec.channels_last

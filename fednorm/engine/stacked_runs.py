@@ -41,7 +41,7 @@ from .vectorized import VectorizedExecutor
 __all__ = ["run_stacked", "stack_blockers", "RoundBarrier", "StackedRunsExecutor"]
 
 #: Settings every stacked run must share: they shape the stacked model and the local steps.
-SHARED_FIELDS = ("dataset", "dataset_args", "data_dir", "input_norm", "augment", "model", "model_args", "norm", "norm_args",
+SHARED_FIELDS = ("dataset", "dataset_args", "data_dir", "input_norm", "augment", "crop_fill", "model", "model_args", "norm", "norm_args",
                  "method", "method_args", "buffers", "affine", "client_opt", "client_opt_args", "batch_size", "local_epochs",
                  "local_steps", "drop_last", "momentum", "weight_decay", "max_grad_norm", "agc_clip", "dsgd", "dtype", "device",
                  "channels_last", "executor", "max_parallel_clients")

@@ -508,7 +508,7 @@ class VectorizedExecutor(Executor):
         if spec.augment:
             draws = [draw_crop_flip(len(plans[i][t]), padding=spec.crop_padding, generator=gens[i], device=x.device) for i in members]
             top, left, flip = (torch.cat(parts) for parts in zip(*draws))
-            x = apply_crop_flip(x, top, left, flip, padding=spec.crop_padding)
+            x = apply_crop_flip(x, top, left, flip, padding=spec.crop_padding, fill=spec.crop_fill)
         return x, y
 
     def _gather(self, members, plans, indices, gens, t):

@@ -10,7 +10,7 @@ under every executor.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -18,6 +18,9 @@ from torch import nn
 from ..errors import InconsistentUpdateError
 from ..nn.state import state_keys
 from .policy import NormPolicy, resolve_policy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..data.transforms import CropFlip
 
 __all__ = [
     "ClientContext", "ClientUpdates", "Method", "ServerView", "StackedClientContext", "stack_rows", "weighted_average",
@@ -249,10 +252,10 @@ class Method:
 
     name: ClassVar[str] = "base"
     seed: int = 0  # the experiment seed, set by the simulator, for method-side randomness
-    # Crop padding of the run's training augmentation (random crop + flip), None when it trains
-    # without one; set by the simulator, for methods that run their own passes over the
+    # The run's training augmentation (random crop + flip: its padding and fill), None when it
+    # trains without one; set by the simulator, for methods that run their own passes over the
     # training data and should see what training sees (HBN's reference-code statistics pass).
-    train_augmentation: int | None = None
+    train_augmentation: CropFlip | None = None
     # Whether training feeds 4-d batches channels-last (LocalSpec.channels_last); set by the
     # simulator, so that a method's own passes (HBN's statistics pass) use the same fast layout.
     channels_last: bool = False

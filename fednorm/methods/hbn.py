@@ -265,13 +265,11 @@ class HBN(FedAvg):
                           seed: int | None = None) -> torch.Tensor:
         seed = self.seed if seed is None else seed
         x = self.statistics_sample(x, server_round, client_id, y, seed=seed)
-        padding = self.train_augmentation
-        if self.stats_augment and padding is not None and x.dim() == 4:
-            from ..data.transforms import random_crop_flip  # the training loop's augmentation
-
+        augmentation = self.train_augmentation  # the training loop's
+        if self.stats_augment and augmentation is not None and x.dim() == 4:
             # drawn on the CPU and moved, as training's augmentation: the same crops on every device
             gen = torch_generator(seed, "hbn-statistics-augment", phase, server_round, client_id)
-            x = random_crop_flip(x, padding=padding, generator=gen)
+            x = augmentation(x, gen)
         return x
 
     def client_statistics(self, model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:

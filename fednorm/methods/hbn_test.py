@@ -291,23 +291,28 @@ def test_resync_uses_the_same_samples_and_the_clients_own_alpha():
     np.testing.assert_allclose(answer[f"hbn.{name}.var"].numpy(), var, rtol=1e-10, atol=1e-12)
 
 
-def test_statistics_pass_sees_the_training_augmentation():
-    """stats_augment (reference-code): each statistics sample is a zero-padded random crop,
-    possibly mirrored, of the original, as the code's augmented statistics loader gives; without
-    augmentation in the run, or with stats_augment off, the pass sees the raw samples."""
+@pytest.mark.parametrize("fill", [None, -1.75])
+def test_statistics_pass_sees_the_training_augmentation(fill):
+    """stats_augment (reference-code): each statistics sample is a padded random crop (zeros, or
+    the run's crop fill), possibly mirrored, of the original, as the code's augmented statistics
+    loader gives; without augmentation in the run, or with stats_augment off, the pass sees the
+    raw samples."""
+    from fednorm.data.transforms import CropFlip
+
     sim = _sim(augment=True, method_args={"preset": "reference-code"})
-    assert sim.method.train_augmentation == sim.data.info.crop_padding
+    assert sim.method.train_augmentation == CropFlip(sim.data.info.crop_padding, None)
     assert _sim().method.train_augmentation is None  # digits train without augmentation
     from fednorm.methods.base import ClientContext
 
     pad = 1
-    sim.method.train_augmentation = pad
     x = sim.data.train_x[:64]
+    fills = None if fill is None else (fill,) * x.shape[1]
+    sim.method.train_augmentation = CropFlip(pad, fills)
     ctx = ClientContext(1, 0, sim.model, x, sim.data.train_y[:64], sim.global_state, {})
     out = sim.method.statistics_input(ctx, "round")
     assert out.shape == x.shape and not torch.equal(out, x)
     assert torch.equal(out, sim.method.statistics_input(ctx, "round"))  # seeded per round and client
-    padded = torch.nn.functional.pad(x, (pad,) * 4)
+    padded = torch.nn.functional.pad(x, (pad,) * 4, value=0.0 if fill is None else fill)
     h, w = x.shape[-2:]
     for i in range(len(x)):
         crops = [padded[i, :, r:r + h, c:c + w] for r, c in itertools.product(range(2 * pad + 1), repeat=2)]

@@ -27,6 +27,7 @@ from .server import NoServerOptimizer, ServerOptimizer, get_server_optimizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import ExperimentConfig
+    from ..data.transforms import CropFlip
 
 __all__ = ["OptimizedMethod", "compose", "build_method"]
 
@@ -189,11 +190,11 @@ class OptimizedMethod(Method):
         self.inner.seed = value
 
     @property
-    def train_augmentation(self) -> int | None:  # type: ignore[override]
+    def train_augmentation(self) -> CropFlip | None:  # type: ignore[override]
         return self.inner.train_augmentation
 
     @train_augmentation.setter
-    def train_augmentation(self, value: int | None) -> None:
+    def train_augmentation(self, value: CropFlip | None) -> None:
         self.inner.train_augmentation = value
 
     @property
