@@ -24,7 +24,7 @@ from .datasets import DatasetInfo, dataset_to_tensors, load_dataset
 from .partition import client_domains, label_histogram, partition, split_by_domain, split_like
 
 __all__ = ["FederatedData", "build_federated_data", "cached_federated_data", "crop_fill_values", "federated_data_from_config",
-           "repartition"]
+           "input_norm_values", "repartition"]
 
 
 @dataclass
@@ -314,12 +314,8 @@ def build_federated_data(
             remap[used_test] = np.arange(len(used_test))
             test_parts = [remap[p] for p in test_parts]
             test.data, test.targets = test.data[used_test], test.targets[used_test]
-    if input_norm == "dataset":
-        mean = std = None
-    elif input_norm == "none":
-        mean, std = (0.0,) * info.in_channels, (1.0,) * info.in_channels
-    else:
-        mean, std = input_norm["mean"], input_norm["std"]  # type: ignore[index]
+    # "dataset": each split standardised with its own info's statistics (dataset_to_tensors' default)
+    mean, std = (None, None) if input_norm == "dataset" else input_norm_values(input_norm, info)
     train_x, train_y = dataset_to_tensors(train, mean, std)
     test_x, test_y = dataset_to_tensors(test, mean, std)
     return FederatedData(
@@ -385,6 +381,16 @@ def federated_data_from_config(config: object) -> FederatedData:
     return data
 
 
+def input_norm_values(input_norm: str | Mapping[str, Sequence[float]], info: DatasetInfo) -> tuple[Sequence[float], Sequence[float]]:
+    """The per-channel ``(mean, std)`` an ``input_norm`` setting standardises with: the dataset's
+    own (``"dataset"``), none (``"none"``: pixels in [0, 1]) or the given ones."""
+    if input_norm == "dataset":
+        return info.mean, info.std
+    if input_norm == "none":
+        return (0.0,) * info.in_channels, (1.0,) * info.in_channels
+    return input_norm["mean"], input_norm["std"]  # type: ignore[index]
+
+
 def crop_fill_values(config: object, data: FederatedData) -> tuple[float, ...] | None:
     """The random crop's padding value per channel for ``config.crop_fill``: None for ``zero``;
     for ``black``, a black pixel as ``data``'s normalisation turned it (the normalisation is
@@ -398,14 +404,7 @@ def crop_fill_values(config: object, data: FederatedData) -> tuple[float, ...] |
     if recipe is None:
         raise ConfigError("crop_fill: black needs the normalisation of the training tensors, which fednorm knows only for "
                           "data it built from the config; pad your tensors' crops yourself, or keep crop_fill: zero")
-    norm = recipe.get("input_norm", "dataset")
-    if norm == "dataset":
-        mean, std = data.info.mean, data.info.std
-    elif norm == "none":
-        mean, std = (0.0,) * data.info.in_channels, (1.0,) * data.info.in_channels
-    else:
-        mean, std = norm["mean"], norm["std"]
-    return pixel_value(0, mean, std)
+    return pixel_value(0, *input_norm_values(recipe.get("input_norm", "dataset"), data.info))
 
 
 #: Recipe fields a repartition may change: they decide only which client holds which sample.

@@ -44,26 +44,9 @@ DIAGNOSIS_FILE = "diagnosis.json"
 
 
 def _load(run_dir: Path, data_dir: str | None, device: str | None) -> Any:
-    import torch
+    from ..engine.reload import simulation_from_run
 
-    from ..config import load_config
-    from ..engine.checkpoint import load_latest
-    from ..engine.simulator import Simulation
-
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"cannot diagnose {run_dir}: no config.yaml there (is it a fednorm run directory?)")
-    overrides: dict[str, Any] = {}
-    if data_dir is not None:
-        overrides["data_dir"] = data_dir
-    cfg = load_config(run_dir / "config.yaml", overrides)
-    if device is None and cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        device = "cpu"  # a run made on a GPU, diagnosed where there is none
-    if device is not None:
-        cfg = cfg.model_copy(update={"device": device})
-    checkpoint = load_latest(run_dir)
-    sim = Simulation(cfg)
-    sim.load_state_dict(checkpoint)
-    return sim
+    return simulation_from_run(run_dir, data_dir=data_dir, device=device, what="diagnose")[0]
 
 
 def _resampled(sim: Any, k: int) -> dict[str, Any] | None:

@@ -64,3 +64,18 @@ def test_images_of_another_size_are_one_line(tmp_path, capsys):
     np.savez(tmp_path / "big.npz", x=np.zeros((4, 32, 32, 3), np.uint8), y=np.zeros(4, np.int64))
     assert main(["evaluate", str(run), "--test-file", str(tmp_path / "big.npz")]) == 2
     assert "holds 32×32×3 images; the run trained on 8×8×1" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a GPU run scored where there is no GPU")
+def test_a_run_made_on_a_gpu_is_scored_on_the_cpu(tmp_path):
+    """The FedTAN and LN runs trained on a lent GPU; scoring them here failed inside torch's CUDA
+    init. A run whose config says cuda is rebuilt on the CPU and scores what it recorded."""
+    run = tmp_path / "run"
+    result = api.run(dataset="digits", num_clients=3, model="mlp", rounds=2, batch_size=64, seed=1, out=str(run), progress=False)
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("device: cpu", "device: cuda"))
+    assert "device: cuda" in config.read_text()
+    test = load_dataset("digits", train=False)
+    np.savez(tmp_path / "same.npz", x=test.data, y=np.asarray(test.targets))
+    entry = evaluate_run_on(run, tmp_path / "same.npz")
+    assert entry["own_test_accuracy"] == pytest.approx(result.summary["final_test_accuracy"], abs=1e-12)

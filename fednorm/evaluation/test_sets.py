@@ -54,19 +54,15 @@ def _load_test_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
 @holding_run_lock("evaluate", "it is still training: evaluate it once that run has finished")
 def evaluate_run_on(run_dir: str | Path, test_file: str | Path, *, data_dir: str | None = None,
                     write: bool = True) -> dict[str, Any]:
-    """Evaluate ``run_dir``'s latest checkpoint on ``test_file`` and on the run's own test set."""
-    from ..config import load_config
+    """Evaluate ``run_dir``'s latest checkpoint on ``test_file`` and on the run's own test set
+    (on the run's device, or the CPU where that is a GPU this machine lacks)."""
+    from ..data.federated import input_norm_values
     from ..data.transforms import normalize
-    from ..engine.checkpoint import load_latest
-    from ..engine.simulator import Simulation
+    from ..engine.reload import simulation_from_run
 
     run_dir, test_file = Path(run_dir), Path(test_file)
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"{run_dir} holds no config.yaml: not a fednorm run directory")
-    cfg = load_config(run_dir / "config.yaml", {"out": None, **({"data_dir": data_dir} if data_dir else {})})
-    checkpoint = load_latest(run_dir)
-    sim = Simulation(cfg)
-    sim.load_state_dict(checkpoint)
+    sim, checkpoint = simulation_from_run(run_dir, data_dir=data_dir, what="evaluate")
+    cfg = sim.config
     if sim.method.personalized:
         raise ConfigError(f"method '{cfg.method}' evaluates each client with its own model: there is no one global model "
                           "to score on another test set")
@@ -75,12 +71,7 @@ def evaluate_run_on(run_dir: str | Path, test_file: str | Path, *, data_dir: str
     if tuple(x.shape[1:3]) != tuple(info.image_size) or x.shape[3] != info.in_channels:
         raise DatasetError(f"{test_file} holds {x.shape[1]}×{x.shape[2]}×{x.shape[3]} images; the run trained on "
                            f"{info.image_size[0]}×{info.image_size[1]}×{info.in_channels}")
-    if isinstance(cfg.input_norm, dict):
-        mean, std = cfg.input_norm["mean"], cfg.input_norm["std"]
-    elif cfg.input_norm == "none":
-        mean, std = (0.0,) * info.in_channels, (1.0,) * info.in_channels
-    else:
-        mean, std = info.mean, info.std
+    mean, std = input_norm_values(cfg.input_norm, info)
     state = sim.method.evaluation_state(sim)  # HBN re-syncs its statistics, as the run's evaluations do
     own_acc, own_loss, _ = sim.evaluate_global(state)
     sim.data.test_x = normalize(x, mean, std).to(device=sim.device, dtype=sim.dtype)
