@@ -824,3 +824,16 @@ def test_export_carries_the_scores_on_other_test_sets_and_keeps_the_copys_curren
     export_runs(tmp_path / "work", tmp_path / "dest")  # as far along: replaced, the copy's round-5 score kept
     assert json.loads((target / EVALUATION).read_text()) == {
         "original.npz": {"round": 5, "accuracy": 0.72}, "lossless.npz": {"round": 5, "accuracy": 0.7}}
+
+
+def test_export_never_replaces_a_finished_run_by_another_finished_record(tmp_path: Path) -> None:
+    """A working copy holding an older finished run of a cell (a run since rerun and committed)
+    must not overwrite the committed run: it did, when both had 500 rounds."""
+    from fednorm.reproduce.export import export_runs
+
+    stale = _export_run(tmp_path / "work", 5, "completed")
+    (stale / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "acc": 0.1}) + "\n" for r in range(1, 6)))
+    target = _export_run(tmp_path / "dest", 5, "completed")
+    committed = (target / "metrics.jsonl").read_text()
+    done = export_runs(tmp_path / "work", tmp_path / "dest")
+    assert done.kept == [target] and (target / "metrics.jsonl").read_text() == committed

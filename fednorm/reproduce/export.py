@@ -66,6 +66,12 @@ def _run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.glob("*/*/seed*/config.yaml") if not p.parts[len(root.parts)].startswith("_"))
 
 
+def _same_history(a: Path, b: Path) -> bool:
+    """Whether two run directories hold the same evaluations (the same run, not a rerun)."""
+    ma, mb = a / "metrics.jsonl", b / "metrics.jsonl"
+    return ma.is_file() and mb.is_file() and ma.read_bytes() == mb.read_bytes()
+
+
 def _merge_evaluations(source: Path, target: Path, rounds: int) -> None:
     """The run's scores on other test sets, over the committed copy's: an entry of the copy stays
     only while it scores the round the run has reached (a score of an older checkpoint is stale)."""
@@ -83,7 +89,9 @@ def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = Fal
     """Copy every run's records from the suite folder ``source`` into ``dest`` (same layout).
 
     A run already in ``dest`` that is further along (more rounds recorded, or as many and
-    finished there) is left alone, so exporting an older working copy never loses a result. With
+    finished there) is left alone, so exporting an older working copy never loses a result; a
+    finished run there is replaced only by its own record (the same evaluations: its scores on
+    other test sets merge in), never by another run of the same cell and rounds. With
     ``checkpoints``, the ``checkpoint.pt`` of an unfinished run, or of a full-scale run that has
     stopped short of the paper's rounds (a stated fraction, to be extended), goes along (resume
     by running the same ``fednorm reproduce`` command with ``--out`` on a copy of ``dest``); a
@@ -97,9 +105,13 @@ def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = Fal
         finished, rounds = _progress(run)
         if target.is_dir():
             was_finished, was_rounds = _progress(target)
+            same = _same_history(run, target)
             # a finished run is further along only against one at no more rounds: a run finished at
-            # a stated fraction (--rounds 50) and then extended past it elsewhere is behind
-            if was_rounds > rounds or (was_finished and not finished and was_rounds >= rounds):
+            # a stated fraction (--rounds 50) and then extended past it elsewhere is behind. Another
+            # finished record of as many rounds (a rerun, or a stale copy of one) never replaces it.
+            if was_rounds > rounds or (was_finished and was_rounds >= rounds and not (finished and same)):
+                if same:
+                    _merge_evaluations(run / EVALUATION, target / EVALUATION, rounds)
                 result.kept.append(target)
                 continue
         target.mkdir(parents=True, exist_ok=True)
