@@ -99,7 +99,7 @@ def random_crop_flip(
         flip: whether to flip horizontally with probability 0.5 (default: True).
         generator: source of randomness (default: the global generator).
         fill: the padding's value per channel (default: zero, which in standardised
-            tensors is the normalisation's mean colour; :func:`pixel_value` gives black).
+            tensors is the normalisation's mean colour; ``pixel_value(0, mean, std)`` gives black).
 
     Returns:
         A new tensor with the shape, dtype and device of ``x``.
