@@ -837,3 +837,17 @@ def test_export_never_replaces_a_finished_run_by_another_finished_record(tmp_pat
     committed = (target / "metrics.jsonl").read_text()
     done = export_runs(tmp_path / "work", tmp_path / "dest")
     assert done.kept == [target] and (target / "metrics.jsonl").read_text() == committed
+
+
+def test_export_drops_the_scores_of_the_run_it_replaces(tmp_path: Path) -> None:
+    """A score in the committed copy belongs to the run that was there: when another run of the
+    cell replaces it (both interrupted at round 5), the score goes with it."""
+    from fednorm.reproduce.export import EVALUATION, export_runs
+
+    run = _export_run(tmp_path / "work", 5, "interrupted")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "acc": 0.2}) + "\n" for r in range(1, 6)))
+    target = _export_run(tmp_path / "dest", 5, "interrupted")
+    (target / EVALUATION).write_text(json.dumps({"lossless.npz": {"round": 5, "accuracy": 0.5}}))
+    export_runs(tmp_path / "work", tmp_path / "dest")
+    assert (target / "metrics.jsonl").read_text() == (run / "metrics.jsonl").read_text()
+    assert not (target / EVALUATION).exists()

@@ -72,11 +72,12 @@ def _same_history(a: Path, b: Path) -> bool:
     return ma.is_file() and mb.is_file() and ma.read_bytes() == mb.read_bytes()
 
 
-def _merge_evaluations(source: Path, target: Path, rounds: int) -> None:
+def _merge_evaluations(source: Path, target: Path, rounds: int, same_run: bool) -> None:
     """The run's scores on other test sets, over the committed copy's: an entry of the copy stays
-    only while it scores the round the run has reached (a score of an older checkpoint is stale)."""
+    only while the copy holds the same run and it scores the round the run has reached (a score
+    of an older checkpoint, or of another run of the cell, is stale)."""
     kept = {name: entry for name, entry in _read(target).items()
-            if isinstance(entry, dict) and entry.get("round") == rounds}
+            if same_run and isinstance(entry, dict) and entry.get("round") == rounds}
     merged = {**kept, **_read(source)}
     if merged:
         target.write_text(json.dumps(merged, indent=2) + "\n")
@@ -103,6 +104,7 @@ def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = Fal
     for run in _run_dirs(source):
         target = dest / run.relative_to(source)
         finished, rounds = _progress(run)
+        same = False
         if target.is_dir():
             was_finished, was_rounds = _progress(target)
             same = _same_history(run, target)
@@ -111,7 +113,7 @@ def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = Fal
             # finished record of as many rounds (a rerun, or a stale copy of one) never replaces it.
             if was_rounds > rounds or (was_finished and was_rounds >= rounds and not (finished and same)):
                 if same:
-                    _merge_evaluations(run / EVALUATION, target / EVALUATION, rounds)
+                    _merge_evaluations(run / EVALUATION, target / EVALUATION, rounds, same_run=True)
                 result.kept.append(target)
                 continue
         target.mkdir(parents=True, exist_ok=True)
@@ -120,7 +122,7 @@ def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = Fal
                 shutil.copy2(run / name, target / name)
             elif name != RECORD_NAME and (target / name).is_file():
                 (target / name).unlink()  # a stale file of an earlier export (e.g. a summary the run no longer has)
-        _merge_evaluations(run / EVALUATION, target / EVALUATION, rounds)
+        _merge_evaluations(run / EVALUATION, target / EVALUATION, rounds, same_run=same)
         stale = target / CHECKPOINT
         record = _read(run / RECORD_NAME)
         # A full-scale run stopped at a stated fraction (--rounds) is finished for now but will be
