@@ -166,8 +166,8 @@ class Simulation:
         self.model.to(device=self.device, dtype=self.dtype)
         self.method: Method = build_method(config)  # the method, composed with client_opt / server_opt
         self.method.seed = config.seed
-        crop_fill = crop_fill_values(config, self.data) if self.data.augment else None
-        self.method.train_augmentation = CropFlip(info.crop_padding, crop_fill) if self.data.augment else None
+        augmentation = CropFlip(info.crop_padding, crop_fill_values(config, self.data)) if self.data.augment else None
+        self.method.train_augmentation = augmentation
         self.method.setup(self.model)
         for module in self.model.modules():
             needed = getattr(module, "requires_method", None)
@@ -198,7 +198,7 @@ class Simulation:
             dsgd=config.dsgd,
             augment=self.data.augment,
             crop_padding=info.crop_padding,
-            crop_fill=crop_fill,
+            crop_fill=augmentation.fill if augmentation else None,
             channels_last=config.channels_last and any(isinstance(m, nn.Conv2d) for m in self.model.modules()),
         )
         self.method.channels_last = self.spec.channels_last
