@@ -625,6 +625,40 @@ def test_export_keeps_results_and_lets_an_unfinished_run_resume_from_a_copy(tiny
     assert len((exported / "metrics.jsonl").read_text().splitlines()) == 4
 
 
+def test_export_compacts_a_dsgd_checkpoint_and_a_copy_resumes_to_the_same_run(tmp_path: Path) -> None:
+    """A DSGD run's exported checkpoint keeps only the clients' mean momentum (smaller, and said in
+    the record); resumed from a copy, the run ends with the uninterrupted run's numbers (float64)."""
+    root = tmp_path / "configs"
+    (root / "hbn").mkdir(parents=True)
+    row = '{id: a, label: "A", set: {norm: fbn, method: fbn, dsgd: true, momentum: 0.9, dtype: float64}}'
+    (root / "hbn" / "tiny.yaml").write_text(TINY.replace('{id: a, label: "A", set: {norm: bn}}', row))
+    (table,) = _tiny(root)
+    work, dest = tmp_path / "work", tmp_path / "committed"
+    (spec,) = plan([table], scale="reduced", out=work, rows=["a"], columns=["x"])
+    reference = fednorm.api.run({**spec.config, "out": str(tmp_path / "reference")}, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        fednorm.api.run(spec.config, progress=False, simulation=_Interrupting)
+    common = ["reproduce", "hbn", "--configs", str(root), "--table", "tiny", "--scale", "reduced",
+              "--rows", "a", "--columns", "x", "--no-plots", "--quiet"]
+    assert main(common + ["--out", str(work), "--report-only", "--export", str(dest), "--export-checkpoints"]) == 0
+    exported = dest / spec.dir.relative_to(work)
+    source_bytes, exported_bytes = (spec.dir / "checkpoint.pt").stat().st_size, (exported / "checkpoint.pt").stat().st_size
+    (entry,) = json.loads((exported / runner.RECORD_NAME).read_text())["compacted_checkpoints"]
+    assert entry == {"round": 2, "clients": 4, "bytes": source_bytes, "compacted_bytes": exported_bytes}
+    assert exported_bytes < 0.6 * source_bytes  # 4 momenta and the model became 1 and the model
+
+    session2 = tmp_path / "session2"
+    shutil.copytree(dest, session2)
+    assert main(common + ["--out", str(session2), "--export", str(dest)]) == 0
+    history = [json.loads(line) for line in (exported / "metrics.jsonl").read_text().splitlines()]
+    assert [h["round"] for h in history] == [1, 2, 3, 4]
+    for key in ("test_accuracy", "test_loss"):
+        np.testing.assert_allclose([h[key] for h in history], [h[key] for h in reference.history], rtol=1e-9)
+    record = json.loads((exported / runner.RECORD_NAME).read_text())
+    assert [i["action"] for i in record["invocations"]] == ["resume"] and record["compacted_checkpoints"] == [entry]
+    assert "completed (resumed at round 2 from the clients' mean momentum)" in (dest / "report.md").read_text()
+
+
 def _export_run(root: Path, rounds: int, status: str) -> Path:
     run = root / "t" / "row__col" / "seed0"
     run.mkdir(parents=True, exist_ok=True)

@@ -69,7 +69,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--export-checkpoints", action="store_true",
                    help="with --export: unfinished runs take their checkpoint along, so a later session resumes them "
                    "from a copy of DIR (--out COPY); finished runs take theirs when it is at most 5 MB, so that "
-                   "`fednorm diagnose` works on the exported record")
+                   "`fednorm diagnose` works on the exported record. A DSGD checkpoint keeps only the clients' weighted mean "
+                   "momentum where that continues the run (equal to float rounding; FBN: 58 MB -> 10.5 MB)")
     p.add_argument("--no-plots", action="store_true", help="write report.md and results.json without plots")
     p.add_argument("--quiet", action="store_true", help="no per-round progress bar (the per-run lines stay)")
     return p
@@ -140,6 +141,7 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
                 done = export_runs(out, folder, checkpoints=args.export_checkpoints)
                 print(f"exported {len(done.copied)} run(s) to {folder}"
                       + (f", {len(done.checkpoints)} with their checkpoint" if done.checkpoints else "")
+                      + (f" ({len(done.compacted)} of DSGD with the clients' mean momentum only)" if done.compacted else "")
                       + (f"; left alone {len(done.kept)} further along there" if done.kept else ""))
             results = report_mod.collect(load_paper(args.paper, None, root), scale=args.scale, out=folder, data_dir=data_dir,
                                          overrides=report_overrides)

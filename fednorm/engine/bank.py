@@ -44,4 +44,6 @@ class ClientStateBank:
         return {cid: dict(s) for cid, s in self._states.items()}
 
     def load_state_dict(self, state: dict[int, dict[str, torch.Tensor]]) -> None:
-        self._states = {int(cid): {k: v.to(self.device) for k, v in s.items()} for cid, s in state.items()}
+        """Copies, as :meth:`put`: entries of a loaded checkpoint may share one tensor (a compacted
+        DSGD checkpoint, ``fednorm.engine.compact``), which must not stay shared between clients."""
+        self._states = {int(cid): {k: v.to(self.device, copy=True) for k, v in s.items()} for cid, s in state.items()}

@@ -188,6 +188,10 @@ def run_metrics(run_dir: str | Path, metric: str) -> dict[str, Any]:
         "commits": _code_versions(record.get("invocations") or []),
         "command": last.get("command"),
         "run_command": record.get("run_command"),
+        # rounds at which the run resumed from an exported DSGD checkpoint holding the clients' mean
+        # momentum (export.py); an entry at the run's current round is the checkpoint now exported
+        "mean_momentum_resumes": sorted(int(e["round"]) for e in record.get("compacted_checkpoints") or []
+                                        if int(e.get("round", 0)) < int(summary.get("rounds") or 0)),
         "error": summary.get("error"),
     }
     evaluations = _read_json(run_dir / "evaluation.json") or {}  # fednorm evaluate: other test sets

@@ -152,7 +152,10 @@ def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
             seen.add(r["dir"])
             rel = Path(r["dir"]).relative_to(out) if Path(r["dir"]).is_relative_to(out) else r["dir"]
             commit = ", ".join(r.get("commits") or []) or "—"
-            lines.append(f"| `{rel}` | {r['seed']} | {r['status']} | {r['rounds']} | {_pct(r['wall_seconds'], 1)} | "
+            resumed = r.get("mean_momentum_resumes") or []
+            status = r["status"] + (f" (resumed at round {', '.join(map(str, resumed))} from the clients' mean momentum)"
+                                    if resumed else "")
+            lines.append(f"| `{rel}` | {r['seed']} | {status} | {r['rounds']} | {_pct(r['wall_seconds'], 1)} | "
                          f"{_pct(r['engine_wall_seconds'], 1)} | {commit} | `{r.get('command') or '—'}` |")
         lines += ["", "</details>"]
     return lines + [""]
