@@ -659,6 +659,25 @@ def test_export_compacts_a_dsgd_checkpoint_and_a_copy_resumes_to_the_same_run(tm
     assert "completed (resumed at round 2 from the clients' mean momentum)" in (dest / "report.md").read_text()
 
 
+def test_export_keeps_every_momentum_when_the_partition_does_not_match(tmp_path: Path) -> None:
+    """A DSGD checkpoint whose partition.json names other clients is exported whole, with a warning."""
+    from fednorm.engine.checkpoint import save_checkpoint
+    from fednorm.reproduce.export import export_runs
+
+    cfg = ExperimentConfig(dataset="digits", partition="iid", num_clients=3, rounds=5, batch_size=64, model="mlp",
+                           norm="fbn", method="fbn", dsgd=True, momentum=0.9)
+    sim = Simulation(cfg)
+    sim.step()
+    run = _export_run(tmp_path / "work", 1, "interrupted")
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    (run / "partition.json").write_text(json.dumps({"train_label_counts": [[5, 5]] * 4}))  # 4 clients, not 3
+    save_checkpoint(run, sim.state_dict())
+    with pytest.warns(UserWarning, match="exported whole"):
+        done = export_runs(tmp_path / "work", tmp_path / "dest", checkpoints=True)
+    assert len(done.checkpoints) == 1 and not done.compacted
+    assert (done.checkpoints[0]).read_bytes() == (run / "checkpoint.pt").read_bytes()
+
+
 def _export_run(root: Path, rounds: int, status: str) -> Path:
     run = root / "t" / "row__col" / "seed0"
     run.mkdir(parents=True, exist_ok=True)

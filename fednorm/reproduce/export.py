@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,9 +105,10 @@ def _client_sizes(run_dir: Path) -> list[int] | None:
 def _copy_checkpoint(run: Path, target: Path) -> dict | None:
     """Copy ``run``'s checkpoint to ``target``; a DSGD checkpoint whose momenta may be replaced by
     their mean is written compacted (atomically). Returns the record entry of a compaction."""
-    from ..engine.compact import compact_checkpoint, mean_momentum_exact
-
+    import torch
     import yaml
+
+    from ..engine.compact import compact_checkpoint, mean_momentum_exact
 
     source, dest = run / CHECKPOINT, target / CHECKPOINT
     try:
@@ -117,10 +119,13 @@ def _copy_checkpoint(run: Path, target: Path) -> dict | None:
     if sizes is None or not isinstance(config, dict) or mean_momentum_exact(config) is not None:
         shutil.copy2(source, dest)
         return None
-    import torch
-
     state = torch.load(source, map_location="cpu", weights_only=True)
-    info = compact_checkpoint(state, sizes)
+    try:
+        info = compact_checkpoint(state, sizes)
+    except ValueError as exc:  # e.g. a partition that does not match the bank: keep every momentum
+        warnings.warn(f"{source}: exported whole: {exc}", stacklevel=3)
+        shutil.copy2(source, dest)
+        return None
     tmp = dest.with_name(f".{dest.name}.tmp")
     torch.save(state, tmp)
     os.replace(tmp, dest)
