@@ -15,10 +15,15 @@ sum a_k``: the global weights depend on the client momenta only through ``M``. S
 statistic or evaluation. In floating point the resumed run rounds differently from one that was
 never interrupted (its mean is taken in another order); in float64 the two agree to ~1e-12.
 
-It holds only where the server's rule for the weights is that linear mean and every client steps
-every round; :func:`mean_momentum_exact` names what breaks it (a robust rule or NNM on the
-weights, Byzantine updates, partial participation or failures, differential privacy, a client
-optimiser), and :func:`compact_checkpoint` refuses those runs.
+Byzantine clients that attack only the BN statistics (``attack_targets: stats``, the FBN robust
+table's) upload the honest clients' plain mean as their weights, so the aggregate stays a fixed
+linear combination of the honest momenta, with coefficients ``a_k + f b / H`` (``H`` honest
+clients, ``f`` attackers of weight ``b``): the combination with those coefficients is kept.
+
+It holds only where the server's rule for the weights is such a fixed linear combination and every
+client steps every round; :func:`mean_momentum_exact` names what breaks it (a robust rule or NNM on
+the weights, attacks on the updates, partial participation or failures, differential privacy, a
+client optimiser), and :func:`compact_checkpoint` refuses those runs.
 """
 
 from __future__ import annotations
@@ -62,8 +67,10 @@ def mean_momentum_exact(config: Mapping[str, Any]) -> str | None:
     faults = [k for k in ("client_failure_rate", "client_nan_rate", "straggler_rate") if float(c.get(k) or 0) > 0]
     if faults or c.get("client_deadline") is not None:
         return f"clients may miss a round ({', '.join(faults) or 'client_deadline'})"
-    if str(c.get("attack", "none")) != "none" or int(c.get("num_byzantine") or 0) > 0:
-        return "Byzantine updates are computed from the honest clients' individual updates"
+    attacked = str(c.get("attack", "none")) != "none"
+    if attacked and c.get("attack_targets", "stats") != "stats":
+        return (f"attack_targets '{c.get('attack_targets')}': the Byzantine updates are computed from the honest clients' "
+                "individual updates")
     robust_weights = c.get("robust_targets", "both") != "stats" and (str(c.get("aggregator", "mean")) != "mean" or bool(c.get("nnm")))
     if robust_weights:
         return f"the weights are aggregated with '{'nnm+' if c.get('nnm') else ''}{c.get('aggregator')}', which is not a linear mean"
@@ -77,14 +84,22 @@ def mean_momentum_exact(config: Mapping[str, Any]) -> str | None:
 
 
 def momentum_weights(config: Mapping[str, Any], client_sizes: Sequence[int]) -> torch.Tensor:
-    """The server's weight of each client in a DSGD round (float64): its number of training samples
-    (FedAvg's ``num_examples``, the client's data, not the one batch it stepped on), or 1 for every
-    client holding data with ``weighting: uniform``."""
+    """Each client's coefficient of its momentum in the server's new weights (float64, not
+    normalised): its number of training samples (FedAvg's ``num_examples``, the client's data, not
+    the one batch it stepped on), or 1 for every client holding data with ``weighting: uniform``;
+    plus, under an attack on the statistics, its share ``f b / H`` of the f Byzantine rows, which
+    upload the plain mean of the H honest clients' weights with weight ``b`` (the honest mean of
+    ``num_examples``, or 1)."""
     sizes = torch.as_tensor([int(n) for n in client_sizes], dtype=torch.float64)
-    weighting = (config.get("method_args") or {}).get("weighting", "num_examples")
-    if weighting == "uniform":
-        return (sizes > 0).to(torch.float64)
-    return sizes
+    uniform = (config.get("method_args") or {}).get("weighting", "num_examples") == "uniform"
+    weights = (sizes > 0).to(torch.float64) if uniform else sizes
+    f = int(config.get("num_byzantine") or 0) if str(config.get("attack", "none")) != "none" else 0
+    if f:
+        if bool((sizes == 0).any()):
+            raise ValueError("a client without data under an attack: the Byzantine rows' weight is not fixed")
+        byzantine = 1.0 if uniform else float(sizes.mean())
+        weights = weights + f * byzantine / len(sizes)
+    return weights
 
 
 def compact_checkpoint(state: dict[str, Any], client_sizes: Sequence[int]) -> CompactInfo:

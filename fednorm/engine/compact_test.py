@@ -42,9 +42,16 @@ def _resumed(cfg, rounds_before, *, weighting=None):
     return second, info, plain, compacted
 
 
-@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
-def test_resume_from_compacted_checkpoint_equals_uninterrupted_run(executor):
-    cfg = ExperimentConfig(**BASE, executor=executor)
+@pytest.mark.parametrize("executor, extra", [
+    ("sequential", {}),
+    ("vectorized", {}),
+    # the FBN robust table's attack on the statistics, undefended and with NNM + median on them only
+    ("sequential", dict(attack="sign_flip", num_byzantine=2, attack_targets="stats")),
+    ("sequential", dict(attack="alie", num_byzantine=2, attack_targets="stats", aggregator="median", nnm=True,
+                        robust_targets="stats")),
+])
+def test_resume_from_compacted_checkpoint_equals_uninterrupted_run(executor, extra):
+    cfg = ExperimentConfig(**BASE, **extra, executor=executor)
     full = Simulation(cfg)
     assert full.executor.name == executor
     sizes = full.data.client_sizes()
@@ -83,7 +90,8 @@ def test_mean_with_the_wrong_weights_changes_the_run():
     (dict(dsgd=False), "not a DSGD run"),
     (dict(clients_per_round=3), "partial participation"),
     (dict(aggregator="median"), "median"),
-    (dict(nnm=True, num_byzantine=1), "Byzantine"),
+    (dict(attack="sign_flip", num_byzantine=1, attack_targets="updates"), "Byzantine updates"),
+    (dict(nnm=True, num_byzantine=1), "nnm+mean"),
     (dict(client_failure_rate=0.1), "miss a round"),
     (dict(method="fedbn"), "fedbn"),
 ])
