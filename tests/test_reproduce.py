@@ -579,21 +579,27 @@ def test_shipped_table_reduced_end_to_end(shared_data: Path, tmp_path: Path, cap
     assert (out / "plots" / "table1_curves.png").is_file()
 
 
-def test_export_keeps_results_and_lets_an_unfinished_run_resume_from_a_copy(tiny_configs: Path, tmp_path: Path) -> None:
-    """A session ends mid-run: --export --export-checkpoints writes the records and the checkpoint
-    to a folder to commit; the next session resumes from a copy of it and ends with the numbers
-    of an uninterrupted run; exporting again drops the finished run's checkpoint, and an older
-    working copy never overwrites a result that is further along."""
-    (table,) = _tiny(tiny_configs)
+def _interrupt_and_export(configs: Path, tmp_path: Path):
+    """The tiny table's cell (a, x) run uninterrupted (the reference) and interrupted after round 2,
+    then exported with its checkpoint: (spec, reference, CLI arguments, work, dest, exported run)."""
+    (table,) = _tiny(configs)
     work, dest = tmp_path / "work", tmp_path / "committed"
     (spec,) = plan([table], scale="reduced", out=work, rows=["a"], columns=["x"])
     reference = fednorm.api.run({**spec.config, "out": str(tmp_path / "reference")}, progress=False)
     with pytest.raises(KeyboardInterrupt):
         fednorm.api.run(spec.config, progress=False, simulation=_Interrupting)
-    common = ["reproduce", "hbn", "--configs", str(tiny_configs), "--table", "tiny", "--scale", "reduced",
+    common = ["reproduce", "hbn", "--configs", str(configs), "--table", "tiny", "--scale", "reduced",
               "--rows", "a", "--columns", "x", "--no-plots", "--quiet"]
     assert main(common + ["--out", str(work), "--report-only", "--export", str(dest), "--export-checkpoints"]) == 0
-    exported = dest / spec.dir.relative_to(work)
+    return spec, reference, common, work, dest, dest / spec.dir.relative_to(work)
+
+
+def test_export_keeps_results_and_lets_an_unfinished_run_resume_from_a_copy(tiny_configs: Path, tmp_path: Path) -> None:
+    """A session ends mid-run: --export --export-checkpoints writes the records and the checkpoint
+    to a folder to commit; the next session resumes from a copy of it and ends with the numbers
+    of an uninterrupted run; exporting again drops the finished run's checkpoint, and an older
+    working copy never overwrites a result that is further along."""
+    spec, reference, common, work, dest, exported = _interrupt_and_export(tiny_configs, tmp_path)
     assert (exported / "checkpoint.pt").is_file() and (exported / "metrics.jsonl").is_file()
     assert json.loads((exported / "summary.json").read_text())["status"] == "interrupted"
     assert (dest / "report.md").is_file() and (dest / "results.json").is_file()
@@ -632,16 +638,7 @@ def test_export_compacts_a_dsgd_checkpoint_and_a_copy_resumes_to_the_same_run(tm
     (root / "hbn").mkdir(parents=True)
     row = '{id: a, label: "A", set: {norm: fbn, method: fbn, dsgd: true, momentum: 0.9, dtype: float64}}'
     (root / "hbn" / "tiny.yaml").write_text(TINY.replace('{id: a, label: "A", set: {norm: bn}}', row))
-    (table,) = _tiny(root)
-    work, dest = tmp_path / "work", tmp_path / "committed"
-    (spec,) = plan([table], scale="reduced", out=work, rows=["a"], columns=["x"])
-    reference = fednorm.api.run({**spec.config, "out": str(tmp_path / "reference")}, progress=False)
-    with pytest.raises(KeyboardInterrupt):
-        fednorm.api.run(spec.config, progress=False, simulation=_Interrupting)
-    common = ["reproduce", "hbn", "--configs", str(root), "--table", "tiny", "--scale", "reduced",
-              "--rows", "a", "--columns", "x", "--no-plots", "--quiet"]
-    assert main(common + ["--out", str(work), "--report-only", "--export", str(dest), "--export-checkpoints"]) == 0
-    exported = dest / spec.dir.relative_to(work)
+    spec, reference, common, work, dest, exported = _interrupt_and_export(root, tmp_path)
     source_bytes, exported_bytes = (spec.dir / "checkpoint.pt").stat().st_size, (exported / "checkpoint.pt").stat().st_size
     (entry,) = json.loads((exported / runner.RECORD_NAME).read_text())["compacted_checkpoints"]
     assert entry == {"round": 2, "clients": 4, "bytes": source_bytes, "compacted_bytes": exported_bytes}
