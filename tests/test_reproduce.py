@@ -675,6 +675,21 @@ def test_export_keeps_every_momentum_when_the_partition_does_not_match(tmp_path:
     assert (done.checkpoints[0]).read_bytes() == (run / "checkpoint.pt").read_bytes()
 
 
+def test_the_per_run_line_gives_last_10_as_the_last_10_rounds(tmp_path: Path, capsys) -> None:
+    """A run evaluated every 2nd round has no last-10 (rounds R-9 to R), as in the report, not the
+    mean of its last evaluations (the engine's summary)."""
+    root = tmp_path / "configs"
+    (root / "hbn").mkdir(parents=True)
+    (root / "hbn" / "tiny.yaml").write_text(TINY.replace("eval_every: 1", "eval_every: 2"))
+    code = main(["reproduce", "hbn", "--configs", str(root), "--table", "tiny", "--scale", "reduced", "--rows", "a",
+                 "--columns", "x", "--no-plots", "--quiet", "--out", str(tmp_path / "out")])
+    assert code == 0
+    (line,) = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[1/1]")]
+    assert "last-10 n/a" in line
+    summary = json.loads(next((tmp_path / "out").glob("tiny/*/seed*/summary.json")).read_text())
+    assert summary["last10_mean_test_accuracy"] is not None  # the engine's statistic exists; the line does not use it
+
+
 def _export_run(root: Path, rounds: int, status: str) -> Path:
     run = root / "t" / "row__col" / "seed0"
     run.mkdir(parents=True, exist_ok=True)

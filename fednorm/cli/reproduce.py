@@ -200,8 +200,10 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
             return
         s = outcome.summary or {}
+        # last-10 as the report has it: rounds R-9 to R (the engine's summary means the last 10 evaluations)
+        last10 = report_mod.run_metrics(spec.dir, "test_accuracy").get("last10")
         acc = (f"final {_fmt(s.get('final_test_accuracy'))}, best {_fmt(s.get('best_test_accuracy'))}, "
-               f"last-10 {_fmt(s.get('last10_mean_test_accuracy'))}")
+               f"last-10 {'n/a' if last10 is None else f'{last10:.2f}%'}")
         if s.get("final_mean_client_accuracy") is not None:
             acc += f", mean client {_fmt(s.get('final_mean_client_accuracy'))}"
         verb = {"resume": "resumed", "extend": "extended"}.get(outcome.action, "ran")
