@@ -106,17 +106,14 @@ def _copy_checkpoint(run: Path, target: Path) -> dict | None:
     """Copy ``run``'s checkpoint to ``target``; a DSGD checkpoint whose momenta may be replaced by
     their mean is written compacted (atomically). Returns the record entry of a compaction."""
     import torch
-    import yaml
 
     from ..engine.compact import compact_checkpoint, mean_momentum_exact
+    from .report import _saved_config
 
     source, dest = run / CHECKPOINT, target / CHECKPOINT
-    try:
-        config = yaml.safe_load((run / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        config = None
     sizes = _client_sizes(run)
-    if sizes is None or not isinstance(config, dict) or mean_momentum_exact(config) is not None:
+    # the saved config decides before the checkpoint is loaded; compact_checkpoint checks the checkpoint's own
+    if sizes is None or mean_momentum_exact(_saved_config(run)) is not None:
         shutil.copy2(source, dest)
         return None
     state = torch.load(source, map_location="cpu", weights_only=True)
