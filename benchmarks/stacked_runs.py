@@ -2,7 +2,7 @@
 
 R runs of one setting that differ in seed (so in partition, client sampling, batches and
 augmentation), trained for ``--rounds`` rounds each, timed both ways interleaved over
-``--repeats`` repeats: ``stacked`` (:func:`fednorm.engine.stacked_runs.run_stacked`, every run's
+``--repeats`` repeats: ``stacked`` (:func:`fednorm.api.run_set.run_stacked`, every run's
 clients in one stacked model per round) and ``one after another`` (:func:`fednorm.run` per run).
 The client data is built once per run outside the timing (as a suite reuses it); evaluation runs
 once, at the end. The ratio is the median of the per-repeat paired ratios of samples per second.
@@ -30,7 +30,7 @@ from benchmarks.harness import interleaved, print_row, write_result  # noqa: E40
 from fednorm import api  # noqa: E402
 from fednorm.config import ExperimentConfig  # noqa: E402
 from fednorm.data.federated import federated_data_from_config  # noqa: E402
-from fednorm.engine.stacked_runs import run_stacked  # noqa: E402
+from fednorm.api.run_set import run_stacked  # noqa: E402
 
 
 def main() -> None:

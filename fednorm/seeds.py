@@ -51,8 +51,10 @@ class SeedsResult:
     histories: dict[int, list[dict[str, Any]]]
     stats: dict[str, SeedStats] = field(default_factory=dict)
     reused: list[int] = field(default_factory=list)
+    stop_signal: int | None = None
+    """The signal (SIGINT, SIGTERM) that stopped the seeds, else None."""
     stacking: dict[str, Any] = field(default_factory=dict)
-    """How the seeds ran (:func:`fednorm.engine.stacked_runs.run_stacked`): joint and separate rounds, or why not stacked."""
+    """How the seeds ran (:func:`fednorm.api.run_set.run_stacked`): joint and separate rounds, or why not stacked."""
 
     def table(self) -> str:
         """A plain-text table of the metrics in %: mean ± std (min–max) over the seeds."""
@@ -180,33 +182,43 @@ def run_seeds(
     result = SeedsResult(root=root, runs={}, summaries={}, histories={})
     todo = [s for s in seeds if not _finished(root / f"seed{s}")]
     if stack and run is api_run and len(todo) > 1:
-        from .engine.stacked_runs import run_stacked
+        from .api.run_set import run_stacked
 
         configs = [ExperimentConfig(**{**base, "seed": s, "out": str(root / f"seed{s}")}) for s in todo]
         resumes = [root / f"seed{s}" if (root / f"seed{s}" / "checkpoint.pt").exists() else None for s in todo]
         shared = {k: v for k, v in run_kwargs.items() if k != "data"}  # run_stacked takes the data per run
         per_run = [data] * len(configs) if data is not None else _one_copy(configs, run_kwargs)
         outcomes, result.stacking = run_stacked(configs, resume=resumes, data=per_run, **shared)
-        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        result.stop_signal = result.stacking.get("stop_signal")
+        failures = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, KeyboardInterrupt)]
         if failures:  # every other seed has finished and written its run: now say what failed, as alone
             raise failures[0]
+        if result.stop_signal is None and any(isinstance(o, KeyboardInterrupt) for o in outcomes):
+            raise KeyboardInterrupt
         stacked = set(todo)
     else:
         stacked = set()
+    stopped = False
     for seed in seeds:
         d = root / f"seed{seed}"
         result.runs[seed] = d
         if seed in stacked:
             pass  # trained above, with the others
+        elif stopped:
+            continue  # the set was stopped before this seed started: listed, not run
         elif _finished(d):
             result.reused.append(seed)
         elif (d / "checkpoint.pt").exists():
-            run(resume=d, **run_kwargs)
+            res = run(resume=d, **run_kwargs)
+            result.stop_signal = getattr(res, "stop_signal", None)
         else:
-            run(ExperimentConfig(**{**base, "seed": seed, "out": str(d)}), **run_kwargs)
+            res = run(ExperimentConfig(**{**base, "seed": seed, "out": str(d)}), **run_kwargs)
+            result.stop_signal = getattr(res, "stop_signal", None)
+        if not (d / "summary.json").is_file():
+            continue  # stopped before it started
         result.summaries[seed], result.histories[seed] = load_run(d)
-        if result.summaries[seed].get("status") != "completed":  # interrupted: stop here, resumable
-            break
+        if result.summaries[seed].get("status") != "completed":  # interrupted: the rest wait, resumable
+            stopped = True
     result.stats = summarize_seeds({s: v for s, v in result.summaries.items() if v.get("status") == "completed"})
     _write(result)
     if plot and result.histories:
@@ -220,7 +232,7 @@ def _write(result: SeedsResult) -> None:
     payload = {
         "seeds": list(result.runs),
         "runs": {str(s): str(d) for s, d in result.runs.items()},
-        "status": {str(s): summ.get("status") for s, summ in result.summaries.items()},
+        "status": {str(s): result.summaries.get(s, {}).get("status", "not started") for s in result.runs},
         "metrics": {name: {"mean": st.mean, "std": st.std, "min": st.min, "max": st.max,
                            "values": {str(s): v for s, v in st.values.items()}}
                     for name, st in result.stats.items()},
@@ -281,7 +293,13 @@ class SeedsComparison:
 
     @property
     def interrupted(self) -> bool:
-        return any(s.get("status") == "interrupted" for r in self.results.values() for s in r.summaries.values())
+        return self.stop_signal is not None or any(
+            s.get("status") == "interrupted" for r in self.results.values() for s in r.summaries.values())
+
+    @property
+    def stop_signal(self) -> int | None:
+        """The signal that stopped the comparison (SIGINT, SIGTERM), else None."""
+        return next((r.stop_signal for r in self.results.values() if r.stop_signal is not None), None)
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per (variant, metric): mean, sample std, min, max, n and every seed's value."""
@@ -362,7 +380,7 @@ def compare_seeds(
         comparison.results[label] = res
         personalized = getattr(METHODS.get_builder(cfg.method), "personalized", False)
         comparison.evaluation[label] = "per client" if personalized else "global"
-        if any(s.get("status") == "interrupted" for s in res.summaries.values()):
+        if res.stop_signal is not None or any(s.get("status") == "interrupted" for s in res.summaries.values()):
             comparison.not_run = [lab for lab, _ in planned[i + 1:]]
             break
     comparison.write()

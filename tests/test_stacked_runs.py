@@ -12,7 +12,8 @@ import torch
 from fednorm import api
 from fednorm.cli.main import main
 from fednorm.config import ExperimentConfig
-from fednorm.engine.stacked_runs import run_stacked, stack_blockers
+from fednorm.api.run_set import run_stacked
+from fednorm.engine.stacked_runs import stack_blockers
 from fednorm.seeds import run_seeds
 
 BASE = dict(dataset="digits", partition="dirichlet", alpha=0.3, num_clients=6, clients_per_round=4, batch_size=16, lr=0.05,

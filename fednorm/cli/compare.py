@@ -230,5 +230,5 @@ def _compare_seeds_command(args: argparse.Namespace, cfg: ExperimentConfig, vari
           + (f"  plot: {out / 'accuracy.png'}" if result.results else ""))
     if result.interrupted:
         print(f"interrupted; finished seeds are kept: run the same command again to continue ({out})")
-        return 130
+        return exit_code_for_signal(result.stop_signal)
     return 0

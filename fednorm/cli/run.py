@@ -135,8 +135,8 @@ def _run_seeds_command(args: argparse.Namespace) -> int:
     if result.reused:
         print(f"kept the finished seed(s) {', '.join(map(str, result.reused))}")
     statuses = [s.get("status") for s in result.summaries.values()]
-    if "interrupted" in statuses:
+    if "interrupted" in statuses or result.stop_signal is not None:
         print(f"interrupted; the finished seeds are kept: run the same command again to continue ({root})")
-        return 130
+        return exit_code_for_signal(result.stop_signal)
     print(result.table())
     return 0

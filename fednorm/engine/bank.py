@@ -28,6 +28,14 @@ class ClientStateBank:
         """Store detached copies, so later in-place training cannot alter the bank."""
         self._states[int(client_id)] = {k: v.detach().to(self.device, copy=True) for k, v in state.items()}
 
+    def restore(self, client_id: int, state: dict[str, torch.Tensor] | None) -> None:
+        """Set ``client_id``'s entry back to ``state`` as :meth:`get` returned it (None: no entry),
+        e.g. after a round that failed part-way through."""
+        if state is None:
+            self._states.pop(int(client_id), None)
+        else:
+            self._states[int(client_id)] = state
+
     def __contains__(self, client_id: object) -> bool:
         return client_id in self._states
 

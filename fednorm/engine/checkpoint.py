@@ -34,6 +34,7 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "load_latest",
+    "saved_round",
 ]
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -197,12 +198,33 @@ def _describe_cause(exc: BaseException, path: Path) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _damaged_member(path: Path) -> str | None:
+    """The first entry of a checkpoint's zip archive whose bytes fail their CRC-32 (a torch file is
+    a zip whose entries carry checksums that ``torch.load`` never reads), else None. A file that is
+    not a readable zip is left to ``torch.load`` to describe."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip()
+    except zipfile.BadZipFile as exc:
+        if "CRC" in str(exc) or "Bad magic" in str(exc):
+            return str(exc)
+        return None
+    except (OSError, EOFError, ValueError):
+        return None
+
+
 def _read(path: Path, map_location: Any) -> tuple[dict[str, Any] | None, str]:
     """``(data, "")`` for a good checkpoint, else ``(None, problem)``, the problem naming ``path``."""
     if not path.exists():
         return None, f"checkpoint {path} does not exist"
     if not path.is_file():
         return None, f"checkpoint {path} is not a file"
+    damaged = _damaged_member(path)
+    if damaged is not None:
+        return None, (f"checkpoint {path} is corrupt: its entry '{damaged}' fails its CRC check (bytes changed on disk "
+                      "after it was written)")
     try:
         with warnings.catch_warnings():
             # torch warns about unexpected pickle protocols before failing; the error says enough.
@@ -267,7 +289,7 @@ def load_checkpoint(path: str | Path, *, map_location: Any = "cpu") -> dict[str,
     return data
 
 
-def load_latest(run_dir: str | Path, *, map_location: Any = "cpu") -> dict[str, Any]:
+def load_latest(run_dir: str | Path, *, map_location: Any = "cpu", at_round: int | None = None) -> dict[str, Any]:
     """Load the newest usable checkpoint of ``run_dir``.
 
     Loads ``checkpoint.pt``; if it is missing or corrupt but ``checkpoint.prev.pt`` loads, warns
@@ -278,6 +300,8 @@ def load_latest(run_dir: str | Path, *, map_location: Any = "cpu") -> dict[str, 
     Args:
         run_dir: the run directory.
         map_location: where tensors are loaded (default: ``"cpu"``).
+        at_round: the checkpoint of this round, the latest or the previous one (a run set resumes
+            every run from one round: one run may have written its next checkpoint before a kill).
 
     Returns:
         The checkpoint dict (see :func:`load_checkpoint`).
@@ -297,6 +321,12 @@ def load_latest(run_dir: str | Path, *, map_location: Any = "cpu") -> dict[str, 
             "checkpoint round on; check the run directory, or start the run afresh"
         )
     data, latest_problem = _read(current, map_location)
+    if at_round is not None and data is not None and int(data.get("server_round", 0)) != at_round:
+        older, _ = _read(previous, map_location)
+        if older is None or int(older.get("server_round", 0)) != at_round:
+            raise CheckpointError(f"no checkpoint of round {at_round} in {run_dir}: {CHECKPOINT_NAME} holds round "
+                                  f"{int(data.get('server_round', 0))}")
+        return older
     if data is not None:
         return data
     data, previous_problem = _read(previous, map_location)
@@ -311,3 +341,13 @@ def load_latest(run_dir: str | Path, *, map_location: Any = "cpu") -> dict[str, 
         stacklevel=2,
     )
     return data
+
+
+def saved_round(run_dir: str | Path) -> int | None:
+    """The round of ``run_dir``'s newest usable checkpoint (None when it has none)."""
+    run_dir = Path(run_dir)
+    for path in (run_dir / CHECKPOINT_NAME, run_dir / PREVIOUS_NAME):
+        data, _ = _read(path, "cpu")
+        if data is not None:
+            return int(data.get("server_round", 0))
+    return None

@@ -342,6 +342,12 @@ class Simulation:
         self._last_traffic = getattr(self.executor, "last_traffic", CommTraffic())  # only lockstep steps exchange
         return updates
 
+    def note_training(self, samples: int, traffic: CommTraffic | None = None) -> None:
+        """What the round's clients trained when another executor trained them (a run set's
+        stacked executor): the samples and the exchanges the round's accounting counts."""
+        self._last_samples_seen = samples
+        self._last_traffic = traffic if traffic is not None else CommTraffic()
+
     def query_clients(
         self, client_ids: list[int], query: str, state: dict[str, torch.Tensor] | None = None
     ) -> dict[int, dict[str, torch.Tensor]]:

@@ -67,7 +67,7 @@ def execute_stacked(group: Sequence[tuple[RunSpec, RunState]], *, command: str =
 
     from ..config import ExperimentConfig
     from ..data.federated import repartition
-    from ..engine.stacked_runs import run_stacked
+    from ..api.run_set import run_stacked
     from ..errors import DivergenceError, RoundFailedError
 
     outcomes: dict[int, Outcome] = {}
