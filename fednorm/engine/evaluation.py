@@ -18,6 +18,9 @@ class EvalResult:
     accuracy: float
     correct: torch.Tensor  # bool per sample, so per-client accuracies are cheap slices
     num_samples: int
+    top_class_share: float = float("nan")
+    """The share of the predictions in the most-predicted class: 1.0 for a model stuck on one
+    class (FedAvg+BN's stuck start at B = 4 reads exactly 10% on a balanced test set)."""
 
 
 @torch.inference_mode()
@@ -47,6 +50,7 @@ def evaluate(
     run = forward if forward is not None else model
     loss_sum = 0.0
     correct = []
+    predicted = []
     for start in range(0, len(x), batch_size):
         xb = x[start : start + batch_size]
         n_real = len(xb)
@@ -59,7 +63,8 @@ def evaluate(
         logits = logits.double()
         yb = y[start : start + batch_size]
         loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
-        correct.append(logits.argmax(dim=1) == yb)
+        predicted.append(logits.argmax(dim=1))
+        correct.append(predicted[-1] == yb)
     model.train(was_training)
     n = len(x)
     corr = torch.cat(correct) if correct else torch.zeros(0, dtype=torch.bool)
@@ -68,4 +73,5 @@ def evaluate(
         accuracy=float(corr.double().mean()) if n else float("nan"),
         correct=corr,
         num_samples=n,
+        top_class_share=float(torch.bincount(torch.cat(predicted)).max()) / n if n else float("nan"),
     )

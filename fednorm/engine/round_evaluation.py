@@ -47,6 +47,7 @@ def evaluate_simulation(sim: Any, state: dict[str, torch.Tensor] | None = None) 
     else:
         test_acc, test_loss, client_acc = sim.evaluate_global(state)
     valid = [a for a in client_acc if a is not None]
+    share = {} if sim.method.personalized else {"top_class_share": getattr(sim, "top_class_share", None)}
     elapsed = time.perf_counter() - start
     sim.wall_seconds += elapsed
     sim.eval_seconds += elapsed
@@ -55,6 +56,7 @@ def evaluate_simulation(sim: Any, state: dict[str, torch.Tensor] | None = None) 
         "test_loss": test_loss,
         "mean_client_accuracy": float(np.mean(valid)) if valid else math.nan,
         "client_accuracies": client_acc,
+        **share,
         **domain_record(sim.data, client_acc),
     }
 
@@ -81,6 +83,7 @@ def evaluate_global_model(sim: Any, state: dict[str, torch.Tensor]) -> tuple[flo
     if cfg.eval_compile and sim.eval_compile_seconds is None:
         sim.eval_compile_seconds = time.perf_counter() - start  # the first compiled evaluation: compiles
     client_acc = [float(res.correct[ix].double().mean()) if len(ix) else None for ix in data.client_test]
+    sim.top_class_share = res.top_class_share
     return res.accuracy, res.loss, client_acc
 
 

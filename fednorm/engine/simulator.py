@@ -206,6 +206,7 @@ class Simulation:
         self.executor = self._make_executor()
         self._eval_forward: Any = None
         self.eval_compile_seconds: float | None = None
+        self.top_class_share: float | None = None  # of the global model's last evaluation (a stuck start reads 1.0)
         self.server_round = 0
         self.uplink_bytes = 0
         self.downlink_bytes = 0  # every client's download counted (a broadcast once per client)
