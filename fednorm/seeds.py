@@ -53,6 +53,8 @@ class SeedsResult:
     reused: list[int] = field(default_factory=list)
     stop_signal: int | None = None
     """The signal (SIGINT, SIGTERM) that stopped the seeds, else None."""
+    command: str | None = None
+    """The command that made the seeds and continues them."""
     stacking: dict[str, Any] = field(default_factory=dict)
     """How the seeds ran (:func:`fednorm.api.run_set.run_stacked`): joint and separate rounds, or why not stacked."""
 
@@ -140,6 +142,7 @@ def run_seeds(
     stack: bool = True,
     model: Any = None,
     data: Any = None,
+    command: str | None = None,
     **run_kwargs: Any,
 ) -> SeedsResult:
     """Run ``config`` once per seed in ``root/seed<k>`` and aggregate.
@@ -179,8 +182,10 @@ def run_seeds(
         run_kwargs["model"] = model if isinstance(model, (str, UserModel)) else UserModel(model)
     if data is not None:
         run_kwargs["data"] = data
-    result = SeedsResult(root=root, runs={}, summaries={}, histories={})
+    result = SeedsResult(root=root, runs={s: root / f"seed{s}" for s in seeds}, summaries={}, histories={}, command=command)
     todo = [s for s in seeds if not _finished(root / f"seed{s}")]
+    _write(result, running=set(todo))
+    result.runs = {}
     if stack and run is api_run and len(todo) > 1:
         from .api.run_set import run_stacked
 
@@ -188,7 +193,7 @@ def run_seeds(
         resumes = [root / f"seed{s}" if (root / f"seed{s}" / "checkpoint.pt").exists() else None for s in todo]
         shared = {k: v for k, v in run_kwargs.items() if k != "data"}  # run_stacked takes the data per run
         per_run = [data] * len(configs) if data is not None else _one_copy(configs, run_kwargs)
-        outcomes, result.stacking = run_stacked(configs, resume=resumes, data=per_run, **shared)
+        outcomes, result.stacking = run_stacked(configs, resume=resumes, data=per_run, again=command, **shared)
         result.stop_signal = result.stacking.get("stop_signal")
         failures = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, KeyboardInterrupt)]
         if failures:  # every other seed has finished and written its run: now say what failed, as alone
@@ -227,12 +232,15 @@ def run_seeds(
     return result
 
 
-def _write(result: SeedsResult) -> None:
+def _write(result: SeedsResult, running: set[int] = frozenset()) -> None:
+    """``seeds.json`` and ``seeds.csv``; ``running``: the seeds about to train (written first)."""
     result.root.mkdir(parents=True, exist_ok=True)
     payload = {
         "seeds": list(result.runs),
+        "command": result.command,
         "runs": {str(s): str(d) for s, d in result.runs.items()},
-        "status": {str(s): result.summaries.get(s, {}).get("status", "not started") for s in result.runs},
+        "status": {str(s): "running" if s in running else result.summaries.get(s, {}).get(
+                       "status", "completed" if _finished(d) else "not started") for s, d in result.runs.items()},
         "metrics": {name: {"mean": st.mean, "std": st.std, "min": st.min, "max": st.max,
                            "values": {str(s): v for s, v in st.values.items()}}
                     for name, st in result.stats.items()},

@@ -204,3 +204,67 @@ def test_two_runs_of_a_set_cannot_write_one_directory(tmp_path):
     with pytest.raises(ConfigError, match="both write"):
         run_stacked(configs)
     assert not (tmp_path / "same").exists()
+
+
+# -- run sets on disk (issue 46.6) and checkpoints (46.7): each case failed on the threaded driver --
+
+def _cli_main(*args: str) -> int:
+    from fednorm.cli.main import main
+
+    return main(list(args))
+
+
+def test_a_single_run_is_refused_in_a_seeds_folder_and_resume_there_names_the_set_command(tmp_path, capsys):
+    root = tmp_path / "set"
+    args = ["run", "--seeds", "0,1", "--rounds", "1", "--model", "mlp", "--num-clients", "3", "--threads", "1", "--quiet",
+            "--out", str(root)]
+    assert _cli_main(*args) == 0
+    assert json.loads((root / "seeds.json").read_text())["command"] == "fednorm " + " ".join(args)
+    capsys.readouterr()
+    assert _cli_main("run", "--rounds", "1", "--model", "mlp", "--out", str(root), "--quiet") == 2
+    assert "holds a set of runs" in capsys.readouterr().err
+    assert not (root / "config.yaml").exists() and not (root / "metrics.jsonl").exists()  # nothing written
+    assert _cli_main("run", "--resume", str(root)) == 2
+    err = capsys.readouterr().err
+    assert "fednorm run --seeds 0,1" in err and f"--resume {root / 'seed0'}" in err
+
+
+def test_a_single_run_is_refused_in_a_comparison_folder(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert _cli_main("compare", "--methods", "fedavg", "--rounds", "1", "--model", "mlp", "--num-clients", "3", "--threads",
+                     "1", "--quiet", "--out", str(out)) == 0
+    before = sorted(p.name for p in out.iterdir())
+    capsys.readouterr()
+    assert _cli_main("run", "--rounds", "1", "--model", "mlp", "--out", str(out), "--quiet") == 2
+    assert "holds a set of runs" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_a_failed_run_of_a_set_is_told_how_to_continue_the_set(tmp_path):
+    configs = [ExperimentConfig(**{**BASE, "lr": lr}, seed=0, out=str(tmp_path / f"lr{i}")) for i, lr in enumerate((0.05, 1000.0))]
+    results, _ = run_stacked(configs, again="fednorm run --seeds 0,1 --out X")
+    assert isinstance(results[1], DivergenceError)
+    assert f"fednorm run --resume {tmp_path / 'lr1'} --lr 100" in str(results[1])
+    assert "then rerun `fednorm run --seeds 0,1 --out X` to finish the set" in str(results[1])
+
+
+def test_a_divergence_whose_last_checkpoint_has_blown_up_says_start_over(tmp_path):
+    with pytest.raises(DivergenceError, match="a restart from it diverges again: start over"):
+        api.run(rounds=15, lr=8.0, checkpoint_every=1, threads=1, out=str(tmp_path / "r"), progress=False)
+
+
+def test_a_checkpoint_with_flipped_bytes_is_refused_not_loaded(tmp_path):
+    from fednorm.engine.checkpoint import CheckpointError, load_checkpoint
+
+    run_dir = tmp_path / "r"
+    api.run(**{**BASE, "rounds": 3, "checkpoint_every": 1}, out=str(run_dir), progress=False)
+    path = run_dir / "checkpoint.pt"
+    data = bytearray(path.read_bytes())
+    rng = np.random.default_rng(0)
+    for i in rng.integers(len(data) // 4, 3 * len(data) // 4, size=1000):  # the size is unchanged
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="CRC"):
+        load_checkpoint(path)
+    with pytest.warns(UserWarning, match="previous checkpoint"):  # the previous, intact one resumes the run
+        assert load_latest(run_dir)["server_round"] == 3  # the end writes round 3 twice

@@ -68,14 +68,15 @@ def _check_outs(configs: Sequence[ExperimentConfig], resume: Sequence[str | Path
 
 def run_stacked(configs: Sequence[ExperimentConfig], *, resume: Sequence[str | Path | None] | None = None,
                 data: Sequence[FederatedData | None] | None = None, progress: bool | None = False,
-                on_round: Callable[[Any, Simulation], None] | None = None,
+                on_round: Callable[[Any, Simulation], None] | None = None, again: str | None = None,
                 **run_kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
     """Run ``configs`` as one set (each with its own run directory, as :func:`fednorm.run` writes it).
 
     ``resume``: per run, a run directory to continue instead (it continues with the plan's
     ``rounds``, ``eval_every`` and ``eval_last_rounds``). ``data``: per run, its client data
     already built (as :func:`fednorm.run`'s ``data``). ``run_kwargs``: :func:`fednorm.run`'s
-    ``model``, ``write``, ``callbacks`` and config overrides, for every run.
+    ``model``, ``write``, ``callbacks`` and config overrides, for every run. ``again``: the
+    command that continues the set, named in a failed run's advice.
 
     Returns each run's :class:`~fednorm.api.RunResult` (or the exception that ended it; a run not
     started because the set was stopped gets ``KeyboardInterrupt``) and how the rounds ran:
@@ -103,6 +104,7 @@ def run_stacked(configs: Sequence[ExperimentConfig], *, resume: Sequence[str | P
                     continue
                 try:
                     sessions[i] = _open(configs[i], resume[i], given[i], at_round, held, progress, on_round, kwargs, run_kwargs)
+                    sessions[i].again = again
                 except Exception as exc:  # noqa: BLE001 - reported per run; the others go on
                     results[i] = exc
             built = [i for i in range(n) if sessions[i] is not None]

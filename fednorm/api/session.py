@@ -87,7 +87,7 @@ def open_run(config: Any, *, model: Any, data: FederatedData | None, write: bool
         return OpenedRun(cfg, None, user, write)
     run_dir = Path(resume)
     if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"cannot resume {run_dir}: no config.yaml there (is it a fednorm run directory?)")
+        raise ConfigError(f"cannot resume {run_dir}: no config.yaml there ({_what_is_there(run_dir)})")
     new_lr = overrides.pop("lr", None)
     bad = [k for k in overrides if k not in RESUMABLE_OVERRIDES and overrides[k] is not None]
     if bad:
@@ -105,6 +105,25 @@ def open_run(config: Any, *, model: Any, data: FederatedData | None, write: bool
         raise ConfigError(f"cannot resume {run_dir} with rounds={cfg.rounds}: its checkpoint has already run {done} rounds "
                           f"(a shorter run is a new run: pass another --out)")
     return OpenedRun(cfg, checkpoint, user, True)
+
+
+def _what_is_there(path: Path) -> str:
+    """What a directory that is not a run holds, and how to continue it: the seeds of a
+    ``--seeds`` command continue with that command (``seeds.json`` names it)."""
+    import json
+
+    if not path.is_dir():
+        return "it does not exist" if not path.exists() else "it is a file"
+    members = sorted(c.name for c in path.iterdir() if (c / "config.yaml").is_file())
+    if not members:
+        return "is it a fednorm run directory?"
+    try:
+        command = json.loads((path / "seeds.json").read_text()).get("command")
+    except (OSError, ValueError, AttributeError):
+        command = None
+    how = f"rerun `{command}`" if command else "rerun the command that made them (the same --seeds or compare command, same --out)"
+    return (f"it holds the runs {', '.join(members[:4])}{', ...' if len(members) > 4 else ''} of a set; to continue them "
+            f"all, {how}; to continue one, fednorm run --resume {path / members[0]}")
 
 
 def writer_lock(path: Path, purpose: str, hint: str | None = None) -> Any:
@@ -125,7 +144,7 @@ class RunSession:
 
     def __init__(self, opened: OpenedRun, *, data: FederatedData | None, progress: bool | None,
                  simulation: Callable[..., Simulation], on_round: Callable[[Any, Simulation], None] | None,
-                 callbacks: Sequence[Any]) -> None:
+                 callbacks: Sequence[Any], again: str | None = None) -> None:
         from ..models.user import using_model
         from ..tracking import as_callbacks, build_loggers
         from ..tracking.partition import PartitionRecord
@@ -149,6 +168,7 @@ class RunSession:
         self.error: BaseException | None = None
         self.stop_signal: int | None = None
         self.progress = progress
+        self.again = again  # the command that continues the run's set, when it is one run of a set
         self.config = cfg
         self.bar: Any = None
 
@@ -287,7 +307,8 @@ class RunSession:
         if sim.is_main:
             call_all(self.hooks, "on_run_end", sim, summary, writer.dir if writer is not None else None)
         if error is not None:
-            raise with_advice(error, self.config, writer.dir if writer is not None else None, self.saved_round) from error
+            raise with_advice(error, self.config, writer.dir if writer is not None else None, self.saved_round,
+                              again=self.again) from error
         return RunResult(self.config, sim.history, summary, writer.dir if writer else None, sim, self.stop_signal)
 
 
@@ -314,15 +335,44 @@ def check_outputs(sim: Simulation) -> None:
                           f"must return logits of shape ({len(x)}, {k})")
 
 
-def with_advice(error: BaseException, cfg: ExperimentConfig, run_dir: Path | None, saved: int | None) -> BaseException:
+#: A checkpoint whose weights or statistics exceed this (in absolute value) is on its way to a
+#: divergence: healthy weights are O(1-100) and BatchNorm variances of normalised inputs far below;
+#: restarting from it diverges again (issue 46: at --lr 8 the last checkpoint held weights of 6e9).
+BLOWN_UP = 1e8
+
+
+def blown_up(run_dir: Path) -> float | None:
+    """The largest magnitude in ``run_dir``'s latest checkpoint when it exceeds :data:`BLOWN_UP`."""
+    from ..engine.checkpoint import CheckpointError, load_latest
+
+    try:
+        state = load_latest(run_dir)["global_state"]
+    except (CheckpointError, KeyError):
+        return None
+    peak = max((float(t.abs().max()) for t in state.values() if t.is_floating_point() and t.numel()), default=0.0)
+    return peak if not peak < BLOWN_UP else None  # NaN counts as blown up
+
+
+def with_advice(error: BaseException, cfg: ExperimentConfig, run_dir: Path | None, saved: int | None,
+                again: str | None = None) -> BaseException:
     """``error`` as one line that says what to do next: the resume command from the last good
-    checkpoint (with a smaller lr after a divergence), or a new run when nothing was written."""
+    checkpoint (with a smaller lr after a divergence), a new run when nothing usable was written,
+    or, for one run of a set (``again``: the set's command), how to continue the set."""
     if isinstance(error, KeyboardInterrupt):
         return error
     if isinstance(error, DivergenceError):
         smaller = f"{base_lr(cfg) / 10:g}"
         if run_dir is None or saved is None:
             return DivergenceError(f"{error}; lower the learning rate (--lr {smaller}) or clip gradients (--max-grad-norm)")
+        peak = blown_up(run_dir)
+        if peak is not None:
+            return DivergenceError(f"{error}; the last checkpoint (round {saved}) already holds values of {peak:.1e}, so a "
+                                   f"restart from it diverges again: start over with a smaller learning rate "
+                                   f"(--lr {smaller}) in a new --out")
+        if again is not None:
+            return DivergenceError(f"{error}; continue this run alone from its last good checkpoint (round {saved}) with a "
+                                   f"smaller learning rate, fednorm run --resume {run_dir} --lr {smaller}, then rerun "
+                                   f"`{again}` to finish the set")
         return DivergenceError(f"{error}; restart from the last good checkpoint (round {saved}) with a smaller learning "
                                f"rate: fednorm run --resume {run_dir} --lr {smaller}")
     if isinstance(error, RunWriteError) and run_dir is not None and saved is None:
@@ -330,8 +380,8 @@ def with_advice(error: BaseException, cfg: ExperimentConfig, run_dir: Path | Non
             f"no checkpoint was saved; free space or raise the limit, then start again: fednorm run ... --out {run_dir} --overwrite")
     if run_dir is None or saved is None:
         return error
+    resume = f"`{again}`" if again is not None else f"fednorm run --resume {run_dir}"
     if isinstance(error, RunWriteError):
         return RunWriteError(error.path, error.cause).with_hint(
-            f"the last good checkpoint is round {saved}; free space or raise the limit, then: fednorm run --resume {run_dir}")
-    return type(error)(f"{error} (the last good checkpoint is round {saved}: fednorm run --resume {run_dir})")
-
+            f"the last good checkpoint is round {saved}; free space or raise the limit, then: {resume.strip('`')}")
+    return type(error)(f"{error} (the last good checkpoint is round {saved}: {resume.strip('`')})")

@@ -144,6 +144,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
                "list": listing.command, "analyze": analyze.command, "flower-app": flower_app.command,
                "adapt": adapt.command, "reproduce": lambda a: _cmd_reproduce(a, argv), "report": _cmd_report,
                "diagnose": _cmd_diagnose, "evaluate": _cmd_evaluate}[args.command]
+    args.argv = list(argv)  # a run set records the command that continues it
     try:
         return handler(args)
     except FednormError as exc:

@@ -124,7 +124,10 @@ def _run_seeds_command(args: argparse.Namespace) -> int:
 
         on_round = ProgressLines() if wants_lines() else OverallBar(len(seeds), cfg.rounds, desc="all seeds")
     try:
-        result = run_seeds(cfg, seeds, root, progress=progress, on_round=on_round, stack=args.stack != "off")
+        import shlex
+
+        again = shlex.join(["fednorm", *getattr(args, "argv", [])]) if getattr(args, "argv", None) else None
+        result = run_seeds(cfg, seeds, root, progress=progress, on_round=on_round, stack=args.stack != "off", command=again)
     finally:
         getattr(on_round, "close", lambda: None)()
     if result.stacking.get("blockers"):

@@ -90,6 +90,11 @@ def check_run_dir(path: str | Path, *, overwrite: bool, command: str = "fednorm 
     """Refuse a directory that holds an earlier run unless ``overwrite``; check it is writable."""
     p = Path(path)
     check_writable(p)
+    if not holds_run(p) and holds_comparison(p):  # one run's files would mix with a set's (its plot, its report)
+        members = sorted(c.name for c in p.iterdir() if c.is_dir() and holds_run(c))
+        what = f"runs {', '.join(members[:3])}{', ...' if len(members) > 3 else ''}" if members else "a comparison's table"
+        raise ConfigError(f"{p} holds a set of runs ({what}: a comparison or a run per seed); a single run needs a "
+                          "directory of its own: pass another --out")
     if holds_run(p) and not overwrite:
         raise ConfigError(
             f"{p} already holds {describe_run(p)}; continue it with `{command} --resume {p}` (with --rounds N to "
