@@ -51,6 +51,10 @@ def _assert_same(stacked, alone):
     {"method": "hbn", "norm": "hbn", "method_args": {"preset": "paper"}, "client_opt": "fedprox", "client_opt_args": {"mu": 0.1}},
     {"method": "fedavg", "norm": "bn", "client_opt": "fedlc"},
     {"method": "fedavg", "norm": "gn", "norm_args": {"num_groups": 2}, "client_opt": "fedsam", "server_opt": "fedadam"},
+    # server state in each run's method object: each row reads its own run's (issue 46.5)
+    {"method": "fedavg", "norm": "bn", "client_opt": "scaffold"},
+    {"method": "fedavg", "norm": "bn", "client_opt": "fedacg"},
+    {"method": "fedavg", "norm": "bn", "client_opt": "moon"},
 ], ids=lambda v: "-".join([v["method"], v["norm"], *(str(x) for x in v.get("method_args", {}).values()),
                            *(v[k] for k in ("client_opt", "server_opt") if k in v)]))
 def test_stacked_seeds_equal_the_runs_made_alone(variant, tmp_path):
@@ -80,7 +84,8 @@ def test_runs_with_other_partitions_stack_too(tmp_path):
     {"method": "fedavg", "norm": "ln", "local_epochs": 2, "batch_size": 50},  # unequal clients: the working set shrinks
     {"method": "fbn", "norm": "fbn", "dsgd": True, "momentum": 0.5},          # DSGD's dampened momentum
     {"method": "fedavg", "norm": "bn", "momentum": 0.0, "weight_decay": 1e-3},
-], ids=["bn", "ln-unequal", "fbn-dsgd", "bn-wd-nomomentum"])
+    {"method": "fedavg", "norm": "bn", "client_opt": "scaffold"},  # its control variate update divides by each row's lr
+], ids=["bn", "ln-unequal", "fbn-dsgd", "bn-wd-nomomentum", "scaffold"])
 def test_a_learning_rate_sweep_stacks_and_each_run_equals_its_run_alone(variant, tmp_path):
     configs = [ExperimentConfig(**{**BASE, **variant, "lr": lr, "lr_decay": decay}, seed=0, out=str(tmp_path / f"lr{i}"))
                for i, (lr, decay) in enumerate(((0.05, 1.0), (0.02, 1.0), (0.1, 0.9)))]
@@ -94,10 +99,11 @@ def test_a_learning_rate_sweep_stacks_and_each_run_equals_its_run_alone(variant,
 def test_what_cannot_stack_says_why_and_runs_one_by_one(tmp_path):
     a = ExperimentConfig(**BASE, seed=0, out=str(tmp_path / "a"))
     assert "the runs differ in model" in stack_blockers([a, a.model_copy(update={"model": "mlp"})])
-    prox = [ExperimentConfig(**{**BASE, "client_opt": "scaffold"}, seed=s,  # its control variate is one run's
+    prox = [ExperimentConfig(**{**BASE, "method": "fedtan", "executor": "sequential"}, seed=s,  # executor asked for
                             out=str(tmp_path / f"p{s}")) for s in (0, 1)]
+    prox = [c.model_copy(update={"method": "fedavg"}) for c in prox]
     why = stack_blockers(prox)
-    assert any("client-side hooks" in w for w in why)
+    assert any("sequential" in w for w in why)
     results, info = run_stacked(prox)
     assert info["joint_rounds"] == 0 and info["blockers"] == why
     assert all(r.summary["status"] == "completed" for r in results)

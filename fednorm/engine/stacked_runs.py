@@ -109,6 +109,7 @@ class StackedRunsExecutor(VectorizedExecutor):
                               client_train=[ix for sim in built for ix in sim.data.client_train],
                               client_test=[ix for sim in built for ix in sim.data.client_test], augment=base.data.augment)
         self._states: dict[int, dict[str, torch.Tensor]] = {}
+        self._rates: dict[int, float] = {}
         super().__init__(base.model, base.method, union, _RowBank(self), base.spec, base.config.seed,  # type: ignore[arg-type]
                          max_clients=base.config.max_parallel_clients * len(built))
 
@@ -130,6 +131,8 @@ class StackedRunsExecutor(VectorizedExecutor):
         ctx.client_ids = [c for _, c in rows]
         ctx.seeds = [self.sims[r].config.seed for r, _ in rows]
         ctx.global_states = [self._states[r] for r, _ in rows]
+        ctx.methods = [self.sims[r].method for r, _ in rows]
+        ctx.lrs = [self._rates.get(r, lr) for r, _ in rows]
         return ctx
 
     def _generators(self, server_round: int, client_ids: list[int]) -> list[torch.Generator]:
@@ -160,6 +163,7 @@ class StackedRunsExecutor(VectorizedExecutor):
         order decides which rows share a chunk, and so the bits of a float32 result."""
         requests = {r: sorted(requests[r]) for r in sorted(requests)}
         self._states = {r: self.sims[r].global_state for r in requests}
+        self._rates = {r: float(lr if isinstance(lr, (int, float)) else lr[r]) for r in requests}
         union = [self.offsets[r] + c for r, clients in requests.items() for c in clients]
         rates = lr if isinstance(lr, (int, float)) else [lr[r] for r, clients in requests.items() for _ in clients]
         updates = self.run_round(server_round, union, self.sims[next(iter(requests))].global_state, rates)

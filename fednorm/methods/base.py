@@ -112,9 +112,12 @@ class StackedClientContext:
         lr: this round's learning rate.
         num_steps: each client's local steps, set by the executor once training is over
             (for :meth:`Method.stacked_client_end`).
-        seeds, global_states: each row's run seed and downloaded global state when the chunk
-            holds the clients of several runs (``fednorm.engine.stacked_runs``); empty for
-            one run. Hooks read them through :meth:`seed_of` and :meth:`global_state_of`.
+        seeds, global_states, lrs, methods: each row's run seed, downloaded global state,
+            learning rate and method object (with its server state) when the chunk holds the
+            clients of several runs (``fednorm.engine.stacked_runs``); empty for one run. Hooks
+            read them through :meth:`seed_of`, :meth:`global_state_of`, :meth:`lr_of` and
+            :meth:`method_of`: ``global_state``, ``lr`` and the hook's own object are the first
+            row's run's.
     """
 
     server_round: int
@@ -129,6 +132,8 @@ class StackedClientContext:
     num_steps: list[int] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
     global_states: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+    methods: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.uploads:
@@ -141,6 +146,15 @@ class StackedClientContext:
     def global_state_of(self, i: int) -> dict[str, torch.Tensor]:
         """The global state row ``i`` downloaded (its own run's when runs are stacked)."""
         return self.global_states[i] if self.global_states else self.global_state
+
+    def lr_of(self, i: int) -> float:
+        """Row ``i``'s learning rate this round (its own run's when runs are stacked)."""
+        return self.lrs[i] if self.lrs else self.lr
+
+    def method_of(self, i: int, default: Any) -> Any:
+        """Row ``i``'s run's method object, whose server state its hooks read (``default``, the
+        hook's own, when the chunk is one run's)."""
+        return self.methods[i] if self.methods else default
 
     def __len__(self) -> int:
         return len(self.client_ids)

@@ -48,6 +48,7 @@ class FedACG(ClientOptimizer):
     uses_loss = True
     uses_end = True
     stacked = True
+    stacks_across_runs = True  # each row looks ahead from its own run's global state and momentum (peer)
     begin_first = True
 
     def __init__(self, lam: float = 0.85, beta: float = 1e-3) -> None:
@@ -86,8 +87,13 @@ class FedACG(ClientOptimizer):
     def stacked_begin(self, ctx: StackedClientContext) -> None:
         params = dict(ctx.model.named_parameters())
         with torch.no_grad():
-            for k, v in self.look_ahead(ctx.global_state).items():
-                params[k].copy_(v.unsqueeze(0).expand_as(params[k]))
+            if ctx.methods:  # runs stacked: each row looks ahead with its own run's momentum
+                starts = [self.peer(ctx, i).look_ahead(ctx.global_state_of(i)) for i in range(len(ctx))]
+                for k in self.m:
+                    params[k].copy_(torch.stack([start[k] for start in starts]))
+            else:
+                for k, v in self.look_ahead(ctx.global_state).items():
+                    params[k].copy_(v.unsqueeze(0).expand_as(params[k]))
         self._stacked_anchor = {k: params[k].detach().clone() for k in self.trainable_keys}
 
     def stacked_loss(self, ctx: StackedClientContext, params: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor | None:

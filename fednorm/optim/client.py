@@ -74,8 +74,8 @@ class ClientOptimizer:
     stacked: ClassVar[bool] = False
     #: Whether the stacked hooks keep nothing of one run's server state (each row's anchor, labels,
     #: features and gradients come from the chunk), so several runs' clients may share a chunk
-    #: (:mod:`fednorm.engine.stacked_runs`). SCAFFOLD's control variate, FedACG's momentum and
-    #: MOON's models are one run's: False.
+    #: (:mod:`fednorm.engine.stacked_runs`), or read each row's own run's server state through
+    #: :meth:`peer` (SCAFFOLD's control variate, FedACG's momentum).
     stacks_across_runs: ClassVar[bool] = False
     # ``begin`` runs before the wrapped method's ``client_begin`` (FedACG moves the model to its
     # look-ahead start, which HBN's statistics pass must see), instead of after it.
@@ -94,6 +94,12 @@ class ClientOptimizer:
         self.local_momentum = float(local_momentum)
 
     def begin(self, ctx: ClientContext) -> None: ...
+
+    def peer(self, ctx: StackedClientContext, i: int) -> "ClientOptimizer":
+        """Row ``i``'s run's instance of this client optimizer, which holds that run's server
+        state (``self`` when the chunk is one run's)."""
+        owner = ctx.method_of(i, None)
+        return self if owner is None else owner.client_opt
 
     def loss(self, ctx: ClientContext, model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
         return loss
@@ -237,6 +243,7 @@ class Scaffold(ClientOptimizer):
     uses_loss = True
     uses_end = True
     stacked = True
+    stacks_across_runs = True  # each row's c from its own run (peer), its lr and start from the chunk
 
     def __init__(self, momentum_aware: bool = True) -> None:
         if not isinstance(momentum_aware, bool):
@@ -292,8 +299,9 @@ class Scaffold(ClientOptimizer):
 
     def stacked_begin(self, ctx: StackedClientContext) -> None:
         params = dict(ctx.model.named_parameters())
+        peers = [self.peer(ctx, i) for i in range(len(ctx))]
         self._stacked_correction = {
-            k: torch.stack([(self.c[k] - self._variate(local, k)).to(params[k].dtype) for local in ctx.local_states])
+            k: torch.stack([(peer.c[k] - self._variate(local, k)).to(params[k].dtype) for peer, local in zip(peers, ctx.local_states)])
             for k in self.c
         }
 
@@ -310,11 +318,12 @@ class Scaffold(ClientOptimizer):
         for i, local in enumerate(ctx.local_states):
             steps = ctx.num_steps[i]
             k_eff = self.effective_steps(steps)
+            c, start, lr = self.peer(ctx, i).c, ctx.global_state_of(i), ctx.lr_of(i)
             for key in self.c:
                 ci = self._variate(local, key)
                 if steps > 0:
-                    drift = (ctx.global_state[key].double() - state[key][i].detach().double()) / (k_eff * ctx.lr)
-                    new = (ci.double() - self.c[key].double() + drift).to(ci.dtype)
+                    drift = (start[key].double() - state[key][i].detach().double()) / (k_eff * lr)
+                    new = (ci.double() - c[key].double() + drift).to(ci.dtype)
                 else:
                     new = ci.clone()
                 ctx.uploads[i][SCAFFOLD_UPLOAD + key] = new - ci
@@ -374,6 +383,7 @@ class Moon(ClientOptimizer):
     uses_loss = True
     uses_end = True
     stacked = True
+    stacks_across_runs = True  # its frozen models start from each row's own start and previous model
 
     def __init__(self, mu: float = 1.0, temperature: float = 0.5) -> None:
         self.mu = check_number("moon mu", mu, 0.0)
