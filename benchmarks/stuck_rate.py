@@ -1,0 +1,151 @@
+"""FedAvg+BN's stuck start as a rate: how many runs still predict one class at rounds 20, 40, 100.
+
+At HBN Table 1's setting (CIFAR-10, Simple-CNN, B = 4, 100 clients Dir(0.6), 10 per round) some
+FedAvg+BN runs never leave predicting a single class. This script counts them, for fednorm's runs
+(the run directories of ``fednorm reproduce``: each evaluation records ``top_class_share``) and for
+the independent reference loop (``benchmarks/hbn_reference_loop.py``'s JSONL), and tests whether
+the two rates differ with Fisher's exact test (written out below: a 2×2 table's hypergeometric
+tail, no SciPy needed).
+
+A run is *stuck* at round r when at least 99% of its test predictions fall in one class
+(``top_class_share >= 0.99``), the reference loop's definition. fednorm records without
+``top_class_share`` (written before it existed) fall back to an accuracy of exactly 10.00% on the
+balanced test set, and the output says so.
+
+    python benchmarks/stuck_rate.py --reference /work/stuck/reference_bn_phi0.6_r40.jsonl \
+        --fednorm BN=/work/stuck/fednorm_bn_phi0.6_r40/table1/bn__phi0.6 --rounds 20,40 \
+        --out reproduction/hbn/stuck_rate/bn_phi0.6_r40.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+STUCK_SHARE = 0.99
+
+
+def fisher_exact(a: int, b: int, c: int, d: int) -> tuple[float, float]:
+    """Fisher's exact test of the 2×2 table [[a, b], [c, d]] (rows: the two loops; columns:
+    stuck, not stuck). Returns (two-sided p, one-sided p that the first row's stuck rate is
+    higher). Two-sided: the sum of the probabilities of every table with the same margins that is
+    no more likely than the observed one (R's and SciPy's convention)."""
+    row1, row2, col1 = a + b, c + d, a + c
+    n = row1 + row2
+
+    def prob(x: int) -> float:
+        return math.comb(row1, x) * math.comb(row2, col1 - x) / math.comb(n, col1)
+
+    lo, hi = max(0, col1 - row2), min(row1, col1)
+    observed = prob(a)
+    probs = {x: prob(x) for x in range(lo, hi + 1)}
+    two = sum(p for p in probs.values() if p <= observed * (1 + 1e-7))
+    greater = sum(p for x, p in probs.items() if x >= a)
+    return min(1.0, two), min(1.0, greater)
+
+
+def reference_runs(path: Path) -> dict[int, dict[int, dict[str, Any]]]:
+    """seed -> round -> that evaluation's record, from the reference loop's JSONL."""
+    runs: dict[int, dict[int, dict[str, Any]]] = {}
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        runs[int(rec["seed"])] = {int(e["round"]): {"stuck": bool(e["stuck"]), "accuracy": float(e["test_accuracy"]),
+                                                    "top_class_share": float(e["top_class_share"])} for e in rec["evals"]}
+    return runs
+
+
+def fednorm_runs(cell: Path) -> tuple[dict[int, dict[int, dict[str, Any]]], bool]:
+    """seed -> round -> record from a table cell's ``seed<k>/metrics.jsonl``, and whether any
+    record lacked ``top_class_share`` (stuck then read as an accuracy of exactly 10.00%)."""
+    runs: dict[int, dict[int, dict[str, Any]]] = {}
+    fallback = False
+    for d in sorted(cell.glob("seed*")):
+        metrics = d / "metrics.jsonl"
+        if not metrics.is_file():
+            continue
+        per_round = {}
+        for line in metrics.read_text().splitlines():
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            share = rec.get("top_class_share")
+            if share is None:
+                fallback = True
+                stuck = abs(rec["test_accuracy"] - 0.1) < 5e-5
+            else:
+                stuck = share >= STUCK_SHARE
+            per_round[int(rec["round"])] = {"stuck": stuck, "accuracy": float(rec["test_accuracy"]), "top_class_share": share}
+        if per_round:
+            runs[int(d.name[4:])] = per_round
+    return runs, fallback
+
+
+def rate(runs: dict[int, dict[int, dict[str, Any]]], r: int) -> dict[str, Any]:
+    """The stuck count at round ``r`` over the runs evaluated there, and the accuracy of the others."""
+    at = {s: ev[r] for s, ev in runs.items() if r in ev}
+    stuck = sorted(s for s, e in at.items() if e["stuck"])
+    trained = [100 * e["accuracy"] for s, e in at.items() if not e["stuck"]]
+    return {"round": r, "runs": len(at), "stuck": len(stuck), "stuck_seeds": stuck,
+            "rate": len(stuck) / len(at) if at else None,
+            "trained_mean": statistics.fmean(trained) if trained else None,
+            "trained_std": statistics.stdev(trained) if len(trained) > 1 else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reference", type=Path, action="append", default=[], help="reference loop JSONL (repeatable)")
+    ap.add_argument("--fednorm", action="append", default=[], metavar="LABEL=CELL_DIR",
+                    help="a table cell folder of fednorm runs (seed<k>/metrics.jsonl), e.g. BN=out/table1/bn__phi0.6")
+    ap.add_argument("--rounds", default="20,40", help="rounds at which to count (comma-separated)")
+    ap.add_argument("--out", type=Path, help="write the figures as JSON here")
+    args = ap.parse_args()
+    rounds = [int(r) for r in args.rounds.split(",")]
+    loops: dict[str, dict[int, dict[int, dict[str, Any]]]] = {}
+    notes: dict[str, str] = {}
+    for path in args.reference:
+        loops[f"reference loop ({path.name})"] = reference_runs(path)
+    for item in args.fednorm:
+        label, _, cell = item.partition("=")
+        runs, fallback = fednorm_runs(Path(cell))
+        loops[f"fednorm {label}"] = runs
+        if fallback:
+            notes[f"fednorm {label}"] = "some records lack top_class_share: stuck read as accuracy exactly 10.00%"
+    table = {name: [rate(runs, r) for r in rounds] for name, runs in loops.items()}
+    print("| loop | " + " | ".join(f"stuck at round {r}" for r in rounds) + " | trained runs' accuracy at round "
+          f"{rounds[-1]} (%) |")
+    print("|---|" + "---:|" * (len(rounds) + 1))
+    for name, rows in table.items():
+        cells = [f"{x['stuck']}/{x['runs']} ({100 * x['rate']:.0f}%)" if x["runs"] else "n/a" for x in rows]
+        last = rows[-1]
+        acc = (f"{last['trained_mean']:.2f} ± {last['trained_std']:.2f}" if last["trained_std"] is not None
+               else (f"{last['trained_mean']:.2f}" if last["trained_mean"] is not None else "n/a"))
+        print(f"| {name} | " + " | ".join(cells) + f" | {acc} |")
+    tests = {}
+    names = list(table)
+    if len(names) >= 2 and names[0].startswith("reference"):
+        ref = table[names[0]]
+        for name in names[1:]:
+            for x, y in zip(table[name], ref):
+                if x["runs"] and y["runs"]:
+                    two, greater = fisher_exact(x["stuck"], x["runs"] - x["stuck"], y["stuck"], y["runs"] - y["stuck"])
+                    tests.setdefault(name, []).append({"round": x["round"], "p_two_sided": two, "p_fednorm_higher": greater})
+                    print(f"Fisher, {name} vs {names[0]}, round {x['round']}: {x['stuck']}/{x['runs']} vs "
+                          f"{y['stuck']}/{y['runs']}, two-sided p = {two:.3f}, one-sided (fednorm higher) p = {greater:.3f}")
+    for name, note in notes.items():
+        print(f"note, {name}: {note}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"definition": f"stuck: top_class_share >= {STUCK_SHARE}", "rounds": rounds,
+                                        "rates": table, "fisher": tests, "notes": notes,
+                                        "inputs": {"reference": [str(p) for p in args.reference], "fednorm": args.fednorm}},
+                                       indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

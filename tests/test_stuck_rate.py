@@ -1,0 +1,47 @@
+"""benchmarks/stuck_rate.py: its Fisher exact test against SciPy's and the issue's own figures,
+and its reading of fednorm's records (a run predicting one class is stuck, others are not)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "stuck_rate.py"
+_spec = importlib.util.spec_from_file_location("stuck_rate", PATH)
+sr = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sr)
+
+
+@pytest.mark.parametrize("table", [(3, 5, 2, 12), (4, 4, 2, 12), (0, 32, 5, 27), (10, 22, 9, 23), (1, 0, 0, 1), (7, 9, 1, 15)])
+def test_fisher_exact_equals_scipys(table):
+    stats = pytest.importorskip("scipy.stats")
+    two, greater = sr.fisher_exact(*table)
+    ref = [[table[0], table[1]], [table[2], table[3]]]
+    assert two == pytest.approx(stats.fisher_exact(ref, alternative="two-sided").pvalue, rel=1e-9)
+    assert greater == pytest.approx(stats.fisher_exact(ref, alternative="greater").pvalue, rel=1e-9)
+
+
+def test_fisher_exact_gives_the_issues_figures():
+    # issue 45: fednorm 3 of 8 stuck at round 40 against the released code's 2 of 14 (one-sided p = 0.23),
+    # and 4 of 8 at round 20 (p = 0.10)
+    assert round(sr.fisher_exact(3, 5, 2, 12)[1], 2) == 0.23
+    assert round(sr.fisher_exact(4, 4, 2, 12)[1], 2) == 0.10
+
+
+def test_fednorm_records_are_read_as_stuck_when_one_class_takes_the_predictions(tmp_path):
+    cell = tmp_path / "bn__phi0.6"
+    records = {0: [(20, 0.1, 1.0), (40, 0.1, 1.0)], 1: [(20, 0.1, 1.0), (40, 0.35, 0.2)], 2: [(20, 0.3, 0.25), (40, 0.45, 0.15)]}
+    for seed, evals in records.items():
+        d = cell / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "test_accuracy": a, "top_class_share": s}) + "\n"
+                                                 for r, a, s in evals))
+    runs, fallback = sr.fednorm_runs(cell)
+    assert not fallback
+    at20, at40 = sr.rate(runs, 20), sr.rate(runs, 40)
+    assert (at20["stuck"], at20["runs"], at20["stuck_seeds"]) == (2, 3, [0, 1])
+    assert (at40["stuck"], at40["stuck_seeds"]) == (1, [0])
+    assert at40["trained_mean"] == pytest.approx(40.0)
