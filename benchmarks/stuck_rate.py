@@ -55,7 +55,7 @@ def reference_runs(path: Path) -> dict[int, dict[int, dict[str, Any]]]:
         if not line.strip():
             continue
         rec = json.loads(line)
-        runs[int(rec["seed"])] = {int(e["round"]): {"stuck": bool(e["stuck"]), "accuracy": float(e["test_accuracy"]),
+        runs[int(rec["seed"])] = {int(e["round"]): {"stuck": bool(e["stuck"]), "accuracy": float(e["test_acc"]) / 100,
                                                     "top_class_share": float(e["top_class_share"])} for e in rec["evals"]}
     return runs
 
