@@ -244,8 +244,21 @@ def test_a_failed_run_of_a_set_is_told_how_to_continue_the_set(tmp_path):
     configs = [ExperimentConfig(**{**BASE, "lr": lr}, seed=0, out=str(tmp_path / f"lr{i}")) for i, lr in enumerate((0.05, 1000.0))]
     results, _ = run_stacked(configs, again="fednorm run --seeds 0,1 --out X")
     assert isinstance(results[1], DivergenceError)
-    assert f"fednorm run --resume {tmp_path / 'lr1'} --lr 100" in str(results[1])
-    assert "then rerun `fednorm run --seeds 0,1 --out X` to finish the set" in str(results[1])
+    assert "rerun the set's command with --lr 100 in place of its lr" in str(results[1])
+    assert str(results[1]).endswith("fednorm run --seeds 0,1 --out X")
+
+
+def test_after_a_divergence_the_sets_command_with_a_smaller_lr_restarts_the_set(tmp_path, capsys):
+    args = ["run", "--seeds", "0,1", "--rounds", "2", "--model", "mlp", "--num-clients", "3", "--threads", "1", "--quiet",
+            "--out", str(tmp_path / "set")]
+    assert _cli_main(*args, "--lr", "1000") == 1  # both seeds diverge
+    assert _cli_main(*args, "--lr", "1000") == 2  # the same lr again is refused, with the way forward
+    assert "--lr 100 in place of its lr" in capsys.readouterr().err
+    assert _cli_main(*args, "--lr", "0.05") == 0  # one command restarts the set from the last good checkpoints
+    status = json.loads((tmp_path / "set" / "seeds.json").read_text())["status"]
+    assert status == {"0": "completed", "1": "completed"}
+    restarts = [json.loads((tmp_path / "set" / f"seed{s}" / "summary.json").read_text())["status"] for s in (0, 1)]
+    assert restarts == ["completed", "completed"]
 
 
 def test_a_divergence_whose_last_checkpoint_has_blown_up_says_start_over(tmp_path):

@@ -103,8 +103,8 @@ def run_stacked(configs: Sequence[ExperimentConfig], *, resume: Sequence[str | P
                     results[i] = KeyboardInterrupt()
                     continue
                 try:
-                    sessions[i] = _open(configs[i], resume[i], given[i], at_round, held, progress, on_round, kwargs, run_kwargs)
-                    sessions[i].again = again
+                    sessions[i] = _open(configs[i], resume[i], given[i], at_round, held, progress, on_round, kwargs, run_kwargs,
+                                        again)
                 except Exception as exc:  # noqa: BLE001 - reported per run; the others go on
                     results[i] = exc
             built = [i for i in range(n) if sessions[i] is not None]
@@ -139,14 +139,19 @@ def run_stacked(configs: Sequence[ExperimentConfig], *, resume: Sequence[str | P
 
 def _open(config: ExperimentConfig, resume: str | Path | None, data: FederatedData | None, at_round: int | None,
           held: contextlib.ExitStack, progress: bool | None, on_round: Any, kwargs: dict[str, Any],
-          overrides: dict[str, Any]) -> RunSession:
-    """One run of the set opened and built, as :func:`fednorm.run` does it."""
+          overrides: dict[str, Any], again: str | None = None) -> RunSession:
+    """One run of the set opened and built, as :func:`fednorm.run` does it. A diverged run
+    restarts from its last good checkpoint when the set's learning rate is now another one (the
+    set's command rerun with a smaller ``--lr``: one command restarts the set)."""
     from ..engine.checkpoint import CheckpointError
 
     write = kwargs.get("write", True)
     model = kwargs.get("model")
     if resume is not None:
         plan = {"rounds": config.rounds, "eval_every": config.eval_every, "eval_last_rounds": config.eval_last_rounds}
+        restart = _lr_restart(Path(resume), config, again)
+        if restart is not None:
+            plan["lr"] = restart
         try:
             opened = open_run(None, model=model, data=data, write=True, resume=resume, held=held,
                               overrides={**overrides, **plan}, checkpoint_round=at_round)
@@ -155,7 +160,31 @@ def _open(config: ExperimentConfig, resume: str | Path | None, data: FederatedDa
     else:
         opened = open_run(config, model=model, data=data, write=write, resume=None, held=held, overrides=dict(overrides))
     return RunSession(opened, data=data, progress=progress, simulation=kwargs.get("simulation", Simulation),
-                      on_round=on_round, callbacks=kwargs.get("callbacks", ()))
+                      on_round=on_round, callbacks=kwargs.get("callbacks", ()), again=again)
+
+
+def _lr_restart(run_dir: Path, config: ExperimentConfig, again: str | None) -> float | None:
+    """The learning rate a diverged run of the set restarts with: the set's, when it differs
+    from the one the run diverged at; a diverged run asked to go on at that same rate is refused
+    with the set's way forward."""
+    from ..config import load_config
+    from ..engine.outputs import read_summary
+    from .resume import base_lr
+
+    try:
+        diverged = read_summary(run_dir).get("status") == "diverged"
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not diverged:
+        return None
+    recorded = base_lr(load_config(run_dir / "config.yaml"))
+    if config.lr != recorded:
+        return config.lr
+    smaller = f"{recorded / 10:g}"
+    how = f"rerun the set's command with --lr {smaller} in place of its lr ({again})" if again else \
+        f"run the set again with lr={smaller}"
+    raise ConfigError(f"{run_dir} diverged at lr {recorded:g}; the same lr diverges again: {how} (the diverged runs "
+                      "restart from their last good checkpoints at that rate, the finished ones are kept)")
 
 
 def _drive(sessions: list[RunSession], runs: list[int], executor: StackedRunsExecutor | None, stop: StopRequest,

@@ -370,9 +370,9 @@ def with_advice(error: BaseException, cfg: ExperimentConfig, run_dir: Path | Non
                                    f"restart from it diverges again: start over with a smaller learning rate "
                                    f"(--lr {smaller}) in a new --out")
         if again is not None:
-            return DivergenceError(f"{error}; continue this run alone from its last good checkpoint (round {saved}) with a "
-                                   f"smaller learning rate, fednorm run --resume {run_dir} --lr {smaller}, then rerun "
-                                   f"`{again}` to finish the set")
+            return DivergenceError(f"{error}; rerun the set's command with --lr {smaller} in place of its lr: the diverged "
+                                   f"runs restart from their last good checkpoint (here round {saved}), the finished ones "
+                                   f"are kept: {again}")
         return DivergenceError(f"{error}; restart from the last good checkpoint (round {saved}) with a smaller learning "
                                f"rate: fednorm run --resume {run_dir} --lr {smaller}")
     if isinstance(error, RunWriteError) and run_dir is not None and saved is None:
