@@ -55,6 +55,10 @@ def _assert_same(stacked, alone):
     {"method": "fedavg", "norm": "bn", "client_opt": "scaffold"},
     {"method": "fedavg", "norm": "bn", "client_opt": "fedacg"},
     {"method": "fedavg", "norm": "bn", "client_opt": "moon"},
+    # BatchNorm synchronised across each run's clients only: one synchronisation group per run
+    {"method": "fedtan", "norm": "bn"},
+    {"method": "fedtan", "norm": "bn", "local_epochs": 2, "batch_size": 50},  # unequal batches: padded rows, row masks
+    {"method": "fedtan_forward", "norm": "bn"},
 ], ids=lambda v: "-".join([v["method"], v["norm"], *(str(x) for x in v.get("method_args", {}).values()),
                            *(v[k] for k in ("client_opt", "server_opt") if k in v)]))
 def test_stacked_seeds_equal_the_runs_made_alone(variant, tmp_path):
@@ -69,6 +73,8 @@ def test_stacked_seeds_equal_the_runs_made_alone(variant, tmp_path):
         summary = json.loads((tmp_path / f"s{cfg.seed}" / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["seed"] == cfg.seed
         assert summary["samples_trained"] == alone.summary["samples_trained"]
+        for key in ("uplink_bytes", "downlink_bytes", "downlink_bytes_broadcast", "comm_rounds"):  # FedTAN's exchanges per run
+            assert summary[key] == alone.summary[key], key
 
 
 def test_runs_with_other_partitions_stack_too(tmp_path):

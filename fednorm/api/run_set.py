@@ -244,7 +244,7 @@ def _train(by_run: dict[int, RunSession], plans: dict[int, RoundPlan], executor:
             out: dict[int, ClientUpdates | BaseException] = dict(
                 executor.train(server_round, requests, {r: plans[r].lr for r in requests}))
             for r, clients in requests.items():
-                by_run[r].sim.note_training(executor.samples_seen(r, clients))
+                by_run[r].sim.note_training(executor.samples_seen(r, clients), executor.run_traffic.get(r))
             info["joint_rounds"] += 1
             return out
         except DivergenceError:  # one run's clients diverged: undo the round, train each run alone

@@ -36,7 +36,7 @@ def synced_loss(
     ys: Sequence[torch.Tensor],
     *,
     channels_last: bool = False,
-    total_batch: int | None = None,
+    total_batch: int | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward every client's batch through ``forward`` in one stacked pass.
 
@@ -48,7 +48,9 @@ def synced_loss(
         total_batch: the samples of *all* the step's clients, these and those on other
             processes (default: those in ``xs``), which normalise the weights ``p_i``. Every
             party knows the batch sizes in advance (they follow from the clients' dataset sizes
-            and the batch plan), as the paper's server knows its ``p_i``: no exchange.
+            and the batch plan), as the paper's server knows its ``p_i``: no exchange. A tensor
+            gives each client's own total: the clients of several runs in one model, each run
+            synchronised among its own clients (``fednorm.nn.comm.GroupedClientComm``).
 
     Returns:
         ``(losses, total, p)``: each client's mean loss ``F_i`` ``[K]``, the loss to
@@ -74,7 +76,10 @@ def synced_loss(
     if ragged:
         per_sample = per_sample * mask.t().to(per_sample.dtype)
     losses = per_sample.sum(dim=1) / size_t
-    p = size_t / (size_t.sum() if total_batch is None else float(total_batch))
+    if isinstance(total_batch, torch.Tensor):
+        p = size_t / total_batch.to(dtype=size_t.dtype, device=size_t.device)
+    else:
+        p = size_t / (size_t.sum() if total_batch is None else float(total_batch))
     return losses, (p * losses).sum(), p
 
 

@@ -13,7 +13,8 @@ Each stacked run equals the same run alone to float rounding (tested in float64)
 the batches and augmentation of their own run's seeded streams. What stacks (:func:`stack_blockers`):
 runs of one method, model, norm and local schedule on one dataset, whose method has no client-side
 hooks (FedAvg with any norm, FedBN, SiloBN, FedFN, ...) or hooks that read each row's run from the
-context (HBN, FBN, FixBN: :attr:`~fednorm.methods.base.Method.stacks_across_runs`); each row
+context (HBN, FBN, FixBN and the client optimizers: :attr:`~fednorm.methods.base.Method.stacks_across_runs`),
+and FedTAN, whose synchronised step reduces over each run's clients only (one group per run); each row
 steps at its own run's learning rate (seeds, partitions and learning rates stack: a sweep is one
 computation). Anything else runs each run's round on its own executor, with the reason said once.
 Runs that stand at different rounds (one resumed beside new ones) train in one group per round.
@@ -28,6 +29,7 @@ import torch
 from ..config import ExperimentConfig
 from ..data.federated import FederatedData
 from ..methods.base import ClientUpdates, Method
+from ..nn.comm import CommTraffic, GroupedClientComm
 from .rng import derive_seed, torch_generator
 from .simulator import Simulation
 from .vectorized import VectorizedExecutor
@@ -65,9 +67,28 @@ def stack_blockers(configs: Sequence[ExperimentConfig]) -> list[str]:
     if hooks and not type(method).stacks_across_runs:
         reasons.append(f"method '{first.method}'" + (f" with client_opt '{first.client_opt}'" if first.client_opt != "none" else "")
                        + f" has client-side hooks ({', '.join(hooks[:2])}) that act on one run's state")
-    if method.requires_lockstep:
-        reasons.append(f"method '{first.method}' synchronises BatchNorm across a run's clients")
     return reasons
+
+
+def _per_step(t: torch.Tensor, steps: torch.Tensor) -> bool:
+    """Whether upload ``t`` (``[K, L, ...]``) holds one entry per local step, zero-padded to the
+    most steps: each row is zero from its own steps on (a per-client tensor whose size happens to
+    equal the steps is not)."""
+    if t.dim() < 2 or t.shape[1] != int(steps.max()):
+        return False
+    positions = torch.arange(t.shape[1], device=t.device).view(1, -1, *([1] * (t.dim() - 2)))
+    padding = positions >= steps.to(t.device).view(-1, 1, *([1] * (t.dim() - 2)))
+    return bool((t.masked_select(padding.expand_as(t)) == 0).all())
+
+
+def _own_padding(part: ClientUpdates, union: ClientUpdates, per_step: set[str]) -> ClientUpdates:
+    """``part``'s per-step uploads padded as its run alone pads them: to its own clients' most
+    local steps, not the union's (the padding is zeros, counted in the run's uplink bytes)."""
+    if not per_step or not len(part):
+        return part
+    own = int(part.num_steps.max())
+    part.extras = {k: t[:, :own] if k in per_step else t for k, t in part.extras.items()}
+    return part
 
 
 class _RowBank:
@@ -110,6 +131,8 @@ class StackedRunsExecutor(VectorizedExecutor):
                               client_test=[ix for sim in built for ix in sim.data.client_test], augment=base.data.augment)
         self._states: dict[int, dict[str, torch.Tensor]] = {}
         self._rates: dict[int, float] = {}
+        self._groups: torch.Tensor | None = None  # each chunk row's run (lockstep methods: sync groups)
+        self.run_traffic: dict[int, CommTraffic] = {}  # each run's synchronised exchanges this round
         super().__init__(base.model, base.method, union, _RowBank(self), base.spec, base.config.seed,  # type: ignore[arg-type]
                          max_clients=base.config.max_parallel_clients * len(built))
 
@@ -160,21 +183,61 @@ class StackedRunsExecutor(VectorizedExecutor):
         each run's own (``lr``: run -> rate); each run's updates, with its own client ids.
 
         The rows are ordered by run and then by client whatever the order of ``requests``: the
-        order decides which rows share a chunk, and so the bits of a float32 result."""
+        order decides which rows share a chunk, and so the bits of a float32 result. A method
+        that synchronises a run's clients (FedTAN) gets whole runs per chunk, each run one
+        synchronisation group (:class:`~fednorm.nn.comm.GroupedClientComm`)."""
         requests = {r: sorted(requests[r]) for r in sorted(requests)}
         self._states = {r: self.sims[r].global_state for r in requests}
         self._rates = {r: float(lr if isinstance(lr, (int, float)) else lr[r]) for r in requests}
-        union = [self.offsets[r] + c for r, clients in requests.items() for c in clients]
-        rates = lr if isinstance(lr, (int, float)) else [lr[r] for r, clients in requests.items() for _ in clients]
-        updates = self.run_round(server_round, union, self.sims[next(iter(requests))].global_state, rates)
+        self.run_traffic = {}
+        packs: list[list[int]] = [list(requests)]
+        if self.method.requires_lockstep:  # never split a run's clients over two chunks
+            packs, size = [], 0
+            for r in requests:
+                if not packs or size + len(requests[r]) > self.max_clients:
+                    packs.append([])
+                    size = 0
+                packs[-1].append(r)
+                size += len(requests[r])
         out: dict[int, ClientUpdates] = {}
-        position = 0
-        for r, clients in requests.items():
-            part = updates.subset(list(range(position, position + len(clients))))
-            part.client_ids = list(clients)
-            position += len(clients)
-            out[r] = part
+        for runs in packs:
+            union = [self.offsets[r] + c for r in runs for c in requests[r]]
+            rates = [self._rates[r] for r in runs for _ in requests[r]]
+            updates = self.run_round(server_round, union, self.sims[runs[0]].global_state, rates)
+            per_step = {k for k, t in updates.extras.items() if _per_step(t, updates.num_steps)}
+            position = 0
+            for r in runs:
+                part = updates.subset(list(range(position, position + len(requests[r]))))
+                part.client_ids = list(requests[r])
+                position += len(requests[r])
+                out[r] = _own_padding(part, updates, per_step)
         return out
+
+    def _run_chunk(self, server_round: int, client_ids: list[int], global_state: dict[str, torch.Tensor],
+                   lr: float | list[float]) -> ClientUpdates:
+        if not self.method.requires_lockstep:
+            return super()._run_chunk(server_round, client_ids, global_state, lr)
+        self._groups = torch.tensor([self.locate(v)[0] for v in client_ids], dtype=torch.long)
+        self.comm_factory = GroupedClientComm
+        updates = super()._run_chunk(server_round, client_ids, global_state, lr)
+        for r, traffic in self.comm.traffic_by_group.items():
+            self.run_traffic[r] = self.run_traffic.get(r, CommTraffic()) + traffic
+        return updates
+
+    def _synced_step(self, net, params, buffers, frozen_now, rows, *args, **kwargs) -> None:
+        assert self._groups is not None
+        self.comm.groups = self._groups[rows]  # the working set's runs: each synchronises its own
+        return super()._synced_step(net, params, buffers, frozen_now, rows, *args, **kwargs)
+
+    def _round_batch(self, t: int, rows: list[int] | None = None, plans: list[list[torch.Tensor]] | None = None
+                     ) -> int | torch.Tensor | None:
+        """Each working row's run's samples at step ``t``: every run's clients are a round of their own."""
+        if rows is None or plans is None or self._groups is None:
+            return super()._round_batch(t, rows, plans)
+        sizes = torch.tensor([len(plans[i][t]) if t < len(plans[i]) else 0 for i in rows], dtype=torch.long)
+        groups = self._groups[rows]
+        totals = torch.zeros(int(groups.max()) + 1, dtype=torch.long).index_add_(0, groups, sizes)
+        return totals.index_select(0, groups)
 
     def samples_seen(self, run: int, clients: list[int]) -> int:
         """The samples ``clients`` of ``run`` train in a round: their batch plans' sizes (the

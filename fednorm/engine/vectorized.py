@@ -463,7 +463,7 @@ class VectorizedExecutor(Executor):
         def forward(x):
             return net(x) if on_net else functional_call(net, {**params, **buffers, **frozen_now}, (x,))
         losses, total, p = synced_loss(forward, net, xs, ys, channels_last=self.spec.channels_last,
-                                       total_batch=self._round_batch(t))
+                                       total_batch=self._round_batch(t, rows, plans))
         if not torch.isfinite(losses).all():
             bad = rows[int((~torch.isfinite(losses)).nonzero()[0])]
             raise DivergenceError(
@@ -479,7 +479,8 @@ class VectorizedExecutor(Executor):
         self._sgd_step(params, momentum, started, lr)
         started[:] = True
 
-    def _round_batch(self, t: int) -> int | None:
+    def _round_batch(self, t: int, rows: list[int] | None = None, plans: list[list[torch.Tensor]] | None = None
+                     ) -> int | torch.Tensor | None:
         """Samples at local step ``t`` over all of :attr:`round_clients` (``None`` when this
         executor trains the whole round). Batch sizes follow from the dataset sizes and the
         batch plan alone (the generator only picks which samples), so every process computes

@@ -138,12 +138,13 @@ class _Shared(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local: torch.Tensor, value: torch.Tensor, comm: ClientComm) -> torch.Tensor:  # type: ignore[override]
         ctx.comm = comm
-        return value.detach().unsqueeze(0).expand(local.shape).clone()
+        value = value.detach()
+        return (value if value.dim() == local.dim() else value.unsqueeze(0)).expand(local.shape).clone()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         total = ctx.comm.reduce(grad)
-        return total.unsqueeze(0).expand(grad.shape), None, None
+        return (total if total.dim() == grad.dim() else total.unsqueeze(0)).expand(grad.shape), None, None
 
 
 class _Sum(torch.autograd.Function):
@@ -166,3 +167,41 @@ class LocalClientComm(ClientComm):
 
     def _sum_participants(self, local: torch.Tensor) -> torch.Tensor:
         return local
+
+    def row_totals(self, rows: torch.Tensor) -> float | torch.Tensor:
+        """The samples every participant of a row's exchanges holds (``rows``: each row's own):
+        here all rows take part in one exchange. Known without an exchange."""
+        return float(rows.sum())
+
+
+class GroupedClientComm(LocalClientComm):
+    """The rows of one tensor in groups that never exchange with each other: several runs
+    stacked in one model, each run's clients synchronised among themselves only
+    (:mod:`fednorm.engine.stacked_runs`). :meth:`reduce` returns each row its group's sum
+    (``[K, ...]`` instead of ``[...]``), and each group's exchanges are counted as that run
+    alone counts them (:attr:`traffic_by_group`).
+
+    ``groups``: each current row's group id (``[K]``), set before each synchronised step.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: torch.Tensor | None = None
+        self.traffic_by_group: dict[int, CommTraffic] = {}
+
+    def reduce(self, t: torch.Tensor) -> torch.Tensor:
+        assert self.groups is not None, "set the rows' groups before a synchronised step"
+        groups = self.groups.to(t.device)
+        size = int(groups.max()) + 1
+        sums = t.detach().new_zeros((size, *t.shape[1:])).index_add_(0, groups, t.detach())
+        payload = sums[0].numel() * sums.element_size()
+        for g, n in zip(*torch.unique(groups, return_counts=True)):
+            self.traffic_by_group.setdefault(int(g), CommTraffic()).record(payload, int(n))
+            self.traffic.record(payload, int(n))
+        return sums.index_select(0, groups)
+
+    def row_totals(self, rows: torch.Tensor) -> float | torch.Tensor:
+        assert self.groups is not None
+        groups = self.groups.to(rows.device)
+        sums = rows.new_zeros(int(groups.max()) + 1).index_add_(0, groups, rows)
+        return sums.index_select(0, groups)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..comm import ClientComm, LocalClientComm
+from ..comm import ClientComm, GroupedClientComm, LocalClientComm
 from ..functional import batch_norm_with_stats_backward
 from .layout import NotStackableError, repeat_clients
 
@@ -136,7 +136,8 @@ class StackedBatchNorm(nn.Module):
         if self.total_rows is None and not isinstance(self.comm, LocalClientComm):
             raise ValueError("synchronised BatchNorm with clients elsewhere needs the step's total batch size "
                              "(set_row_mask(..., total_rows=...); synced_loss(..., total_batch=...))")
-        if self.row_mask is None and self.sync_backward:
+        grouped = isinstance(self.comm, GroupedClientComm)  # several runs' clients: statistics per run
+        if self.row_mask is None and self.sync_backward and not grouped:
             return self._synced_fused(x)
         b, kc = x.shape[:2]
         c = self.num_features
@@ -158,32 +159,40 @@ class StackedBatchNorm(nn.Module):
             s = t.sum(dim=dims) if m is None else (t * m).sum(dim=dims)
             return s / counts.unsqueeze(-1)
 
-        total = (float(rows.sum()) if self.total_rows is None else float(self.total_rows)) * spatial
+        if self.total_rows is None:
+            total_rows = self.comm.row_totals(rows) if isinstance(self.comm, LocalClientComm) else float(rows.sum())
+        else:
+            total_rows = (self.total_rows.to(dtype=x.dtype, device=x.device) if isinstance(self.total_rows, torch.Tensor)
+                          else float(self.total_rows))
+        total = total_rows * spatial  # a float, or with groups each row's group's total ([K])
         p = (counts / total).unsqueeze(-1)  # [K, 1]: count weights make the pooled statistics exact
         shape = [1, 1, c] + [1] * (xv.dim() - 3)
         cshape = [1, k, c] + [1] * (xv.dim() - 3)
         local_mean = client_mean(xv)
-        mean = self.comm.reduce(p * local_mean)  # exchange 1: [C], the union mean
+        mean = self.comm.reduce(p * local_mean)  # exchange 1: [C], the union mean ([K, C]: each row its group's)
         # around the union mean, a constant here: ∂σ²/∂μ̄ sums to zero over clients (Wang et al. 2023's
         # Eq. 59, ∇_μ σ² = 0, holds for that sum, not per client)
-        local_var = client_mean((xv - mean.view(shape)) ** 2)
+        local_var = client_mean((xv - mean.view(cshape if grouped else shape)) ** 2)
         var = self.comm.reduce(p * local_var)  # exchange 2: the biased union variance
         if self.sync_backward:
             # Each client's copy of (μ̄, σ̄²), differentiable as the p-weighted sums: the
             # backward pass sums the clients' (∇μ, ∇σ²) in one exchange (exchange 3, Wang et al. 2023, Eq. 41).
-            stats = self.comm.shared(torch.cat([p * local_mean, p * local_var], dim=-1), torch.cat([mean, var]))
+            stats = self.comm.shared(torch.cat([p * local_mean, p * local_var], dim=-1), torch.cat([mean, var], dim=-1))
             mean_k, var_k = stats[:, :c], stats[:, c:]
         else:
             # Values of the union statistics, gradients of each client's own: the mean acts as the
             # local mean, the variance as the local variance around the (constant) union mean.
             mean_k = local_mean + (mean - local_mean).detach()  # [K, C]
-            var_k = local_var + (var.unsqueeze(0) - local_var).detach()
+            var_k = local_var + (var.expand_as(local_var) - local_var).detach()
         y = (xv - mean_k.view(cshape)) * torch.rsqrt(var_k + self.eps).view(cshape)
         y = self._affine(y, k)
         if self.running_mean is not None:
             with torch.no_grad():
                 n = total
-                unbiased = var * (n / max(n - 1.0, 1.0))
+                if isinstance(n, torch.Tensor):
+                    unbiased = var * (n / (n - 1.0).clamp(min=1.0)).unsqueeze(-1)
+                else:
+                    unbiased = var * (n / max(n - 1.0, 1.0))
                 self.running_mean.mul_(1 - self.momentum).add_(self.momentum * mean)
                 self.running_var.mul_(1 - self.momentum).add_(self.momentum * unbiased)
         return y.reshape(x.shape)
