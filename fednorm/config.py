@@ -19,7 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from .errors import ConfigError
 
-__all__ = ["ExperimentConfig", "load_config", "format_validation_error"]
+__all__ = ["ExperimentConfig", "load_config", "format_validation_error", "MAX_ROUNDS"]
+
+#: The most rounds a run may ask for: far above any paper's (10,000), far below one that never reports.
+MAX_ROUNDS = 1_000_000
 
 
 class ExperimentConfig(BaseModel):
@@ -342,6 +345,22 @@ class ExperimentConfig(BaseModel):
             types_ = set(typing.get_args(ann)) or {ann}
             if bool not in types_ and types_ & {int, float}:
                 raise ValueError(f"expected a number, got the boolean {value}")
+        return value
+
+    @field_validator("rounds")
+    @classmethod
+    def _rounds_range(cls, value: int) -> int:
+        # 1e20 rounds trained for ever without an evaluation or a progress line (the first comes
+        # after rounds // 50 of them); the longest table of the papers has 10,000 (issue 50)
+        if value > MAX_ROUNDS:
+            raise ValueError(f"must be at most {MAX_ROUNDS:,}")
+        return value
+
+    @field_validator("out")
+    @classmethod
+    def _out_not_empty(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():  # `--out ""` wrote to runs/<time> (issue 50)
+            raise ValueError("is empty: pass a directory, or leave it out for runs/<method>-<norm>-<dataset>-<time>")
         return value
 
     @field_validator("seed")

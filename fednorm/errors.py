@@ -18,6 +18,7 @@ __all__ = [
     "DatasetError",
     "DivergenceError",
     "RoundFailedError",
+    "RunDirectoryRemovedError",
     "RunWriteError",
 ]
 
@@ -54,6 +55,17 @@ class RoundFailedError(RuntimeError):
     """Raised when fewer than ``min_clients`` clients of a round answer; names the round and the causes."""
 
 
+class RunDirectoryRemovedError(FileNotFoundError):
+    """The run directory a run writes was removed (or replaced) while the run trained: its
+    config, metrics and checkpoints went with it, so there is nothing to resume (issue 50: the run
+    re-created the folder with a checkpoint alone and reported success)."""
+
+    def __init__(self, path: object) -> None:
+        super().__init__(2, f"the run directory {path} was removed while the run was training, with its config, "
+                         "metrics and checkpoints; nothing is left to resume: start the run again")
+        self.removed = path
+
+
 class RunWriteError(RuntimeError):
     """Raised when a run's file cannot be written (a full disk, a file-size limit, a folder that
     vanished); names the file. The run's last good checkpoint is kept."""
@@ -64,6 +76,8 @@ class RunWriteError(RuntimeError):
         super().__init__(f"could not write {path}: {cause.strerror or cause}")
 
     def with_hint(self, hint: str) -> "RunWriteError":
-        """The same error with what to do next appended to its message."""
-        self.args = (f"{self.args[0]}; {hint}",)
+        """The same error with what to do next appended to its message (none for a run directory
+        that was removed: its cause already says what to do, and there is no checkpoint to resume)."""
+        if not isinstance(self.cause, RunDirectoryRemovedError):
+            self.args = (f"{self.args[0]}; {hint}",)
         return self

@@ -71,11 +71,14 @@ class SeedsResult:
 
 
 def load_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A run directory's ``summary.json`` and the evaluations of its ``metrics.jsonl``."""
+    """A run directory's ``summary.json`` and the evaluations of its ``metrics.jsonl`` (an older
+    summary's last-10 recomputed from them: :func:`fednorm.engine.last_rounds.upgrade_summary`)."""
+    from .engine.last_rounds import upgrade_summary
+
     d = Path(run_dir)
     summary = json.loads((d / "summary.json").read_text())
     history = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return summary, history
+    return upgrade_summary(summary, history), history
 
 
 def _one_copy(configs: Sequence[Any], run_kwargs: dict[str, Any]) -> list[Any] | None:
@@ -285,7 +288,7 @@ def plot_seed_comparison(histories: dict[str, dict[int, Sequence[dict[str, Any]]
 
 # Columns of the comparison table: (metric, header).
 TABLE = (("final_test_accuracy", "final acc (%)"), ("best_test_accuracy", "best acc (%)"),
-         ("last10_mean_test_accuracy", "last-10 acc (%)"), ("final_mean_client_accuracy", "mean client acc (%)"))
+         ("last10_mean_test_accuracy", "last-10 rounds acc (%)"), ("final_mean_client_accuracy", "mean client acc (%)"))
 
 
 @dataclass
@@ -331,6 +334,11 @@ class SeedsComparison:
             n = len([s for s in res.summaries.values() if s.get("status") == "completed"])
             lines.append(f"| {label} | {self.evaluation.get(label, '')} | {n} | " + " | ".join(cells) + " |")
         lines.append(f"\nMean ± sample std over seeds {', '.join(map(str, self.seeds))}.")
+        from .engine.last_rounds import last10_note
+
+        note = last10_note((s, None) for res in self.results.values() for s in res.summaries.values())
+        if note:  # a column of n/a says why, and how to fill it
+            lines.append(note)
         if self.not_run:
             lines.append(f"Not run (stopped): {', '.join(self.not_run)}.")
         return "\n".join(lines)

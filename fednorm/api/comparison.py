@@ -89,7 +89,7 @@ class CompareResult:
         rows = self.rows()
         dom = [k for k in (rows[0] if rows else {}) if k.startswith("acc[")]  # per-domain columns
         lines = [
-            "| variant | evaluated | final acc (%) | best acc (%) | last-10 acc (%) | mean client acc (%) | rounds | wall (s) | uplink (MB) |"
+            "| variant | evaluated | final acc (%) | best acc (%) | last-10 rounds acc (%) | mean client acc (%) | rounds | wall (s) | uplink (MB) |"
             + "".join(f" {k[4:-1]} (%) |" for k in dom),
             "|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(dom),
         ]
@@ -99,6 +99,11 @@ class CompareResult:
                 f"{pct(r['mean_client_acc'])} | {r['rounds']} | {r['wall_s']:.1f} | {r['uplink_MB']:.2f} |"
                 + "".join(f" {pct(r[k])} |" for k in dom)
             )
+        from ..engine.last_rounds import last10_note
+
+        note = last10_note((r.summary, {"eval_every": r.config.eval_every}) for r in self.results.values())
+        if note:  # a column of n/a says why, and how to fill it
+            lines.append(f"\n{note}")
         if self.stop_signal is not None:
             import signal
 

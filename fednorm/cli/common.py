@@ -208,6 +208,13 @@ def seed_list(args: argparse.Namespace, first: int) -> list[int]:
         raise ConfigError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
     if not seeds:
         raise ConfigError("--seeds needs at least one seed")
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:  # `--seeds 0,0` silently ran one seed and reported it as a mean over seeds (issue 50)
+        raise ConfigError(f"--seeds lists seed {twice[0]} more than once ({args.seeds}): each seed is one run "
+                          f"(OUT/seed{twice[0]}); list each once")
+    bad = [s for s in seeds if s < 0]
+    if bad:
+        raise ConfigError(f"--seeds takes seeds of 0 or more, got {bad[0]}")
     return seeds
 
 

@@ -32,6 +32,7 @@ QUICKSTART: dict[str, Any] = {
     "momentum": 0.9,
     "max_grad_norm": 10.0,
     "eval_every": 5,
+    "eval_last_rounds": 10,  # each of rounds 6-15 evaluated too: the table's last-10 column is their mean (issue 50)
     "seed": 0,
 }
 
@@ -115,7 +116,14 @@ def _compare_resume_command(args: argparse.Namespace) -> int:
         from .progress import ProgressLines, wants_lines
 
         on_round = ProgressLines() if wants_lines() else None
-    print(f"resuming the comparison in {args.resume}", flush=True)
+    from .rundir import shown
+
+    try:
+        there = (args.resume / "compare.json").is_file()
+    except OSError as exc:  # a name too long for the file system
+        raise ConfigError(f"cannot resume {shown(args.resume)}: {exc.strerror or exc}") from None
+    if there:  # else the one line of compare(resume=...) says what is wrong, with nothing before it
+        print(f"resuming the comparison in {args.resume}", flush=True)
     result = compare(resume=args.resume, progress=False if args.quiet else None, on_round=on_round, **overrides)
     return _print_comparison(result, args.resume)
 
@@ -136,6 +144,10 @@ def _compare_command(args: argparse.Namespace, lock: Any) -> int:
     from ..centralized import CENTRALIZED, centralized_overrides
     from . import rundir
 
+    for option, value, hint in (("--variants", args.variants, "method:norm,method:norm"), ("--methods", args.methods, "fedavg,fedbn"),
+                                ("--norms", args.norms, "bn,gn"), ("--client-opts", args.client_opts, "none,fedprox")):
+        if value is not None and not split_names(value):  # `--methods ""` ran all 8 default variants (issue 50)
+            raise ConfigError(f"{option} is empty: name at least one ({option} {hint}; fednorm list), or leave it out")
     cfg = config_from(args, base=QUICKSTART)
     if args.variants:
         variants = []

@@ -158,6 +158,14 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:  # a disk that filled up or a folder that vanished while running
+        import errno
+
+        if exc.errno in (errno.ENAMETOOLONG, errno.ELOOP):  # a path no file system takes: bad input (issue 50)
+            from .rundir import shown
+
+            where = f"{shown(exc.filename)}: " if exc.filename else ""
+            print(f"fednorm {args.command}: error: {where}{exc.strerror or exc}; pass a shorter path", file=sys.stderr)
+            return EXIT_BAD_INPUT
         print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:

@@ -200,7 +200,7 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
             return
         s = outcome.summary or {}
-        # last-10 as the report has it: rounds R-9 to R (the engine's summary means the last 10 evaluations)
+        # last-10 as the report and summary.json have it: rounds R-9 to R, n/a unless each was evaluated (issue 50)
         last10 = report_mod.run_metrics(spec.dir, "test_accuracy").get("last10")
         acc = (f"final {_fmt(s.get('final_test_accuracy'))}, best {_fmt(s.get('best_test_accuracy'))}, "
                f"last-10 {'n/a' if last10 is None else f'{last10:.2f}%'}")

@@ -57,22 +57,45 @@ def run_command(args: argparse.Namespace, *, simulation: Any = None, quiet: bool
         raise ConfigError("--overwrite starts a run again and --resume continues one; pass one of them")
     import contextlib
 
-    with contextlib.ExitStack() as held:
-        if args.resume is not None:
-            if args.config is not None:
-                raise ConfigError("--resume takes its settings from RUN_DIR/config.yaml; do not pass --config")
-            fields = {k: v for k, v in vars(args).items() if k in ExperimentConfig.model_fields}
-            result = run(resume=args.resume, progress=progress, simulation=simulation, on_round=on_round, **fields)
-        else:
-            if plain:
-                cfg, _ = resolve_threads(fresh_run_config(args, "fednorm run", held))
+    again = "fednorm launch --nproc N" if command == "launch" else "fednorm run"
+    out: Path | None = None  # the run directory, known before the run starts
+    try:
+        with contextlib.ExitStack() as held:
+            if args.resume is not None:
+                if args.config is not None:
+                    raise ConfigError("--resume takes its settings from RUN_DIR/config.yaml; do not pass --config")
+                if plain and (Path(args.resume) / "config.yaml").is_file():  # else the resume says what is there
+                    from .rundir import check_existing_run
+
+                    # a read-only run directory: one line, not a raw [Errno 30] with exit 1 (issue 50)
+                    check_existing_run(args.resume, "run --resume", "its checkpoints and metrics", verb="resume")
+                fields = {k: v for k, v in vars(args).items() if k in ExperimentConfig.model_fields}
+                out = Path(args.resume)
+                result = run(resume=args.resume, progress=progress, simulation=simulation, on_round=on_round, **fields)
             else:
-                cfg = config_from(args)
-            result = run(cfg, progress=progress, simulation=simulation, on_round=on_round)
+                if plain:
+                    cfg, _ = resolve_threads(fresh_run_config(args, "fednorm run", held))
+                    if cfg.out is None:  # named here rather than inside the run, so a second Ctrl-C can name it
+                        from ..engine.outputs import default_run_dir
+
+                        cfg = cfg.model_copy(update={"out": str(default_run_dir(cfg))})
+                    out = Path(cfg.out)  # type: ignore[arg-type]
+                else:
+                    cfg = config_from(args)
+                result = run(cfg, progress=progress, simulation=simulation, on_round=on_round)
+    except KeyboardInterrupt:
+        # A second SIGINT/SIGTERM stops the run mid-round; its last checkpoint stands: say how to go
+        # on from it (main.py's bare "interrupted" named no command, issue 50).
+        if plain and out is not None and any((out / n).is_file() for n in ("checkpoint.pt", "checkpoint.prev.pt")):
+            import sys
+
+            print(f"fednorm {command}: interrupted; continue from the last checkpoint with: {again} --resume {out}",
+                  file=sys.stderr, flush=True)
+            return 130
+        raise
     if quiet:
         return 0
     s = result.summary
-    again = "fednorm launch --nproc N" if command == "launch" else "fednorm run"
     if s["status"] == "interrupted":
         print(f"interrupted after round {s['rounds']}; continue with: {again} --resume {result.out_dir}")
     threads = f", {s['threads']} thread{'s' if s['threads'] != 1 else ''}" if s.get("threads") else ""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
-__all__ = ["RUN_FILES", "holds_run", "describe_run", "check_writable", "check_run_dir", "clear_run", "next_free", "holds_comparison"]
+__all__ = ["RUN_FILES", "shown", "check_existing_run", "holds_run", "describe_run", "check_writable", "check_run_dir", "clear_run", "next_free", "holds_comparison"]
 
 # What a run writes into its directory (fednorm.engine.outputs, fednorm.engine.checkpoint, fednorm analyze).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "checkpoint.prev.pt", "final_model.pt", "accuracy.png",
@@ -40,11 +40,39 @@ def describe_run(path: str | Path) -> str:
         return "an unfinished run" if (Path(path) / "checkpoint.pt").exists() else "an earlier run"
 
 
+def shown(path: str | Path, limit: int = 80) -> str:
+    """``path`` for a one-line message: a path longer than ``limit`` characters with its middle cut."""
+    text = str(path)
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) // 2
+    return f"{text[:head]}…{text[len(text) - (limit - 1 - head):]}"
+
+
 def check_writable(path: str | Path, option: str = "--out") -> None:
     """Raise :class:`ConfigError` unless ``path`` is a directory we can write or can create."""
     p = Path(path)
+    try:
+        _check_writable(p, option)
+    except OSError as exc:  # a name too long for the file system, a loop of links: one line, exit 2 (issue 50)
+        raise ConfigError(f"{option} {shown(p)} cannot be used: {exc.strerror or exc}") from None
+
+
+def _dangling_link(p: Path) -> Path | None:
+    """The first of ``p`` and its parents that is a symbolic link to nothing, else None."""
+    for q in (p, *p.parents):
+        if q.is_symlink() and not q.exists():
+            return q
+    return None
+
+
+def _check_writable(p: Path, option: str) -> None:
+    dangling = _dangling_link(p)
+    if dangling is not None:  # was blamed on "another process keeps creating and removing it" (issue 50)
+        raise ConfigError(f"{option} {shown(p)}: {shown(dangling)} is a symbolic link to {shown(os.readlink(dangling), 60)}, "
+                          "which does not exist; create that directory or pass another --out")
     if p.exists() and not p.is_dir():
-        raise ConfigError(f"{option} {p} is a file, not a directory; pass a directory path")
+        raise ConfigError(f"{option} {shown(p)} is a file, not a directory; pass a directory path")
     existing = p
     while not existing.exists():
         parent = existing.parent
@@ -52,9 +80,9 @@ def check_writable(path: str | Path, option: str = "--out") -> None:
             break
         existing = parent
     if existing.exists() and not existing.is_dir():
-        raise ConfigError(f"{option} {p} lies under the file {existing}, so no directory can be made there")
+        raise ConfigError(f"{option} {shown(p)} lies under the file {shown(existing)}, so no directory can be made there")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{option} {p}: no permission to write in {existing}")
+        raise ConfigError(f"{option} {shown(p)}: no permission to write in {shown(existing)}")
     for _ in range(3):  # root passes os.access everywhere: try for real, then leave no trace
         made: list[Path] = []
         try:
@@ -76,14 +104,41 @@ def check_writable(path: str | Path, option: str = "--out") -> None:
         except FileNotFoundError:  # a folder another process had made and removed again: try once more
             continue
         except OSError as exc:
-            raise ConfigError(f"{option} {p} cannot be written: {exc.strerror or exc}") from None
+            raise ConfigError(f"{option} {shown(p)} cannot be written: {exc.strerror or exc}") from None
         finally:
             for d in reversed(made):
                 try:
                     d.rmdir()
                 except OSError:  # not empty: another process uses it now
                     pass
-    raise ConfigError(f"{option} {p} cannot be written: another process keeps creating and removing it")
+    raise ConfigError(f"{option} {shown(p)} cannot be written: another process keeps creating and removing it")
+
+
+def check_existing_run(path: str | Path, command: str, writes: str, verb: str | None = None) -> None:
+    """Before ``fednorm COMMAND RUN_DIR`` reads a run and writes ``writes`` into it: one line for a
+    ``RUN_DIR`` that does not exist or holds no run, and for one that cannot be written (a
+    read-only file system or mount: the raw ``[Errno 30]`` with exit 1 before issue 50)."""
+    p = Path(path)
+    verb = verb or command
+    try:
+        exists = p.is_dir()
+        has_config = exists and (p / "config.yaml").is_file()
+    except OSError as exc:  # a name too long for the file system
+        raise ConfigError(f"cannot {verb} {shown(p)}: {exc.strerror or exc}") from None
+    if not has_config:
+        why = "is it a fednorm run directory?" if exists else ("it is a file" if p.exists() else "it does not exist")
+        raise ConfigError(f"cannot {verb} {shown(p)}: no config.yaml there ({why})")
+    probe = p / f".fednorm-write-test-{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except OSError as exc:
+        raise ConfigError(f"cannot {verb} {shown(p)}: it cannot be written ({exc.strerror or exc}) and fednorm {command} "
+                          f"writes {writes} there; copy the run somewhere writable (cp -r {shown(p, 40)} COPY) and "
+                          f"{verb} the copy") from None
+    try:
+        probe.unlink()
+    except OSError:
+        pass
 
 
 def check_run_dir(path: str | Path, *, overwrite: bool, command: str = "fednorm run") -> None:

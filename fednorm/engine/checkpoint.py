@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from .run_dir_watch import check_not_removed
+
 __all__ = [
     "CHECKPOINT_NAME",
     "PREVIOUS_NAME",
@@ -150,6 +152,7 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
     _check_state(state, "state")
 
     run_dir = Path(run_dir)
+    check_not_removed(run_dir)  # a run directory removed mid-run is not silently re-created (issue 50)
     run_dir.mkdir(parents=True, exist_ok=True)
     payload = {"version": CHECKPOINT_VERSION, "fednorm_version": _fednorm_version(), **state}
     current = run_dir / CHECKPOINT_NAME

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..config import ExperimentConfig
 from ..errors import RunWriteError
+from .run_dir_watch import check_not_removed, unwatch, watch
 
 __all__ = ["RunWriter", "read_metrics", "read_summary", "default_run_dir", "json_safe"]
 
@@ -60,22 +61,28 @@ class RunWriter:
         self.config = config
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
+            watch(self.dir)  # every later write checks the directory is still this one (rm -rf mid-run: issue 50)
         except OSError as exc:
             raise RunWriteError(self.dir, exc) from exc
-        self._atomic_write("config.yaml", config.to_yaml())
         try:
-            if history is not None:
-                self._atomic_write("metrics.jsonl", "".join(json.dumps(json_safe(r)) + "\n" for r in history))
-                self._metrics = open(self.dir / "metrics.jsonl", "a")
-            else:
-                self._metrics = open(self.dir / "metrics.jsonl", "w")
-        except OSError as exc:
-            raise RunWriteError(self.dir / "metrics.jsonl", exc) from exc
+            self._atomic_write("config.yaml", config.to_yaml())
+            try:
+                if history is not None:
+                    self._atomic_write("metrics.jsonl", "".join(json.dumps(json_safe(r)) + "\n" for r in history))
+                    self._metrics = open(self.dir / "metrics.jsonl", "a")
+                else:
+                    self._metrics = open(self.dir / "metrics.jsonl", "w")
+            except OSError as exc:
+                raise RunWriteError(self.dir / "metrics.jsonl", exc) from exc
+        except RunWriteError:
+            unwatch(self.dir)  # this writer never opened: nothing to watch
+            raise
 
     def _atomic_write(self, name: str, text: str) -> None:
         """Write ``name`` whole or not at all; a failure (full disk, size limit) names the file."""
         tmp = self.dir / f".{name}.tmp"
         try:
+            check_not_removed(self.dir)
             tmp.write_text(text)
             os.replace(tmp, self.dir / name)
         except OSError as exc:
@@ -84,6 +91,7 @@ class RunWriter:
 
     def log(self, record: dict[str, Any]) -> None:
         try:
+            check_not_removed(self.dir)  # else the line goes into the deleted file
             self._metrics.write(json.dumps(json_safe(record)) + "\n")
             self._metrics.flush()
         except OSError as exc:
@@ -94,7 +102,10 @@ class RunWriter:
             self.close()
         except OSError:  # a metrics line that could not be flushed: the summary says why the run failed
             pass
-        self._atomic_write("summary.json", json.dumps(json_safe(summary), indent=2) + "\n")
+        try:
+            self._atomic_write("summary.json", json.dumps(json_safe(summary), indent=2) + "\n")
+        finally:
+            unwatch(self.dir)
         # A curve needs two points: a one-evaluation run (a smoke test, `--rounds 1`) skips
         # matplotlib, which costs more than such a run's training (about 1.5 s of import and
         # drawing); its one point is in metrics.jsonl and summary.json.
@@ -124,4 +135,15 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
-    return json.loads((Path(run_dir) / "summary.json").read_text())
+    """``summary.json``; one written by an older fednorm has its last-10 figure recomputed from
+    ``metrics.jsonl`` (:func:`fednorm.engine.last_rounds.upgrade_summary`)."""
+    from .last_rounds import upgrade_summary
+
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    if isinstance(summary, dict) and "last10_rounds" not in summary and "last10_mean_test_accuracy" in summary:
+        try:
+            history: list[dict[str, Any]] | None = read_metrics(run_dir)
+        except (OSError, ValueError):
+            history = None
+        upgrade_summary(summary, history)
+    return summary

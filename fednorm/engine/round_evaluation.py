@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .evaluation import evaluate
+from .last_rounds import last10_fields
 
 __all__ = ["evaluate_simulation", "evaluate_global_model", "domain_record", "simulation_summary"]
 
@@ -113,7 +114,8 @@ def simulation_summary(sim: Any) -> dict[str, Any]:
         "final_test_loss": last.get("test_loss"),
         "best_test_accuracy": accs[best_i] if best_i is not None else None,
         "best_round": sim.history[best_i]["round"] if best_i is not None else None,
-        "last10_mean_test_accuracy": float(np.mean(accs[-10:])) if accs else None,
+        # the mean over rounds R-9..R, None unless each was evaluated, and the rounds it covers (issue 50)
+        **last10_fields(sim.history, sim.server_round),
         "final_mean_client_accuracy": last.get("mean_client_accuracy"),
         "final_client_accuracies": last.get("client_accuracies"),
         "final_domain_accuracies": last.get("domain_accuracies"),

@@ -69,10 +69,50 @@ class Variant:
 
 def _read_run(d: Path) -> Run | None:
     try:
-        config = yaml.safe_load((d / "config.yaml").read_text()) or {}
-        summary = json.loads((d / "summary.json").read_text())
-    except (OSError, ValueError, yaml.YAMLError):
+        return _read_run_or_say_why(d)
+    except ConfigError:
         return None
+
+
+#: Files that show a folder holds a run even before its ``summary.json`` (written when it ends).
+_RUN_EVIDENCE = ("summary.json", "checkpoint.pt", "checkpoint.prev.pt", "metrics.jsonl")
+
+
+def _why_not(d: Path) -> str | None:
+    """Why the run directory ``d`` cannot be reported, with what to do; None when it can."""
+    if not (d / "config.yaml").is_file():
+        return f"{d} has a summary.json but no config.yaml"
+    if not (d / "summary.json").is_file():
+        from ..engine.runlock import describe_holder, is_locked
+
+        holder = is_locked(d)
+        if holder is not None:
+            return (f"{d} is a run still training ({describe_holder(holder)}); it writes its summary.json when it ends: "
+                    "report it then (one Ctrl-C stops it after its round, with a summary)")
+        return (f"{d} is a run that stopped before it finished (no summary.json: killed?); continue it with "
+                f"`fednorm run --resume {d}`, then report it")
+    for name in ("summary.json", "config.yaml"):
+        try:
+            text = (d / name).read_text()
+            value = json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            problem = " ".join(str(getattr(exc, "problem", None) or getattr(exc, "msg", None) or exc).split())[:80]
+            fix = (f"`fednorm run --resume {d}` writes it again from the run's last checkpoint" if name == "summary.json"
+                   else "restore it from a copy of the run")
+            return f"{d}/{name} is corrupt ({problem}); {fix}"
+        if not isinstance(value, dict) and not (name == "config.yaml" and value is None):
+            return f"{d}/{name} is corrupt (it holds no mapping)"
+    return None
+
+
+def _read_run_or_say_why(d: Path) -> Run:
+    """The run in ``d``; :class:`ConfigError` saying why not and what to do (a run still training,
+    one that was killed, a corrupt ``summary.json``: issue 50)."""
+    why = _why_not(d)
+    if why is not None:
+        raise ConfigError(why)
+    config = yaml.safe_load((d / "config.yaml").read_text()) or {}
+    summary = json.loads((d / "summary.json").read_text())
     history: list[dict[str, Any]] = []
     if (d / "metrics.jsonl").is_file():
         for line in (d / "metrics.jsonl").read_text().splitlines():
@@ -86,31 +126,56 @@ def _read_run(d: Path) -> Run | None:
             partition = json.loads((d / "partition.json").read_text())
         except ValueError:
             partition = None
-    return Run(d, config, summary, history, partition)
+    from ..engine.last_rounds import upgrade_summary
+
+    return Run(d, config, upgrade_summary(summary, history), history, partition)
+
+
+def _candidates(p: Path) -> list[Path]:
+    """``p`` when it is a run directory, else every run directory under it (finished or not)."""
+    if (p / "summary.json").is_file() or ((p / "config.yaml").is_file() and any((p / n).exists() for n in _RUN_EVIDENCE)):
+        return [p]
+    found = {s.parent for name in ("summary.json", "config.yaml") for s in p.rglob(name)}
+    return sorted(d for d in found if any((d / n).exists() for n in _RUN_EVIDENCE))
 
 
 def find_runs(paths: Iterable[str | Path]) -> list[Run]:
     """Every run directory at or under ``paths`` (each once, in path order).
 
+    A ``RUN_DIR`` given itself that cannot be reported (still training, killed before it ended,
+    a corrupt ``summary.json``) is an error saying so and what to do; one found under a folder
+    is left out with a warning saying why.
+
     Raises:
-        ConfigError: a path does not exist, or no run directory is found at all.
+        ConfigError: a path does not exist, a given run directory cannot be reported, or no run
+            directory is found at all.
     """
+    import warnings
+
     seen: set[Path] = set()
     runs: list[Run] = []
+    skipped: list[str] = []
     for p in map(Path, paths):
         if not p.exists():
             raise ConfigError(f"{p} does not exist")
-        candidates = [p] if (p / "summary.json").is_file() else sorted(s.parent for s in p.rglob("summary.json"))
+        candidates = _candidates(p)
         for d in candidates:
             key = d.resolve()
-            if key in seen or not (d / "config.yaml").is_file():
+            if key in seen:
                 continue
             seen.add(key)
-            run = _read_run(d)
-            if run is not None:
-                runs.append(run)
+            try:
+                runs.append(_read_run_or_say_why(d))
+            except ConfigError as exc:
+                if d == p:  # the run asked for by name: say why it cannot be reported
+                    raise
+                skipped.append(str(exc))
     if not runs:
-        raise ConfigError(f"no run directory (a folder with config.yaml and summary.json) under {', '.join(map(str, paths))}")
+        why = (f": {skipped[0]}" + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else "")) if skipped else ""
+        raise ConfigError(f"no run directory (a folder with config.yaml and summary.json) under "
+                          f"{', '.join(map(str, paths))}{why}")
+    for text in skipped:
+        warnings.warn(f"left out {text}", stacklevel=2)
     return runs
 
 

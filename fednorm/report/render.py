@@ -18,7 +18,7 @@ from .figures import Figure
 __all__ = ["Table", "results_table", "domain_table", "runs_table", "settings_table", "markdown", "html_page"]
 
 COLUMNS = (("final_test_accuracy", "final acc (%)"), ("best_test_accuracy", "best acc (%)"),
-           ("last10_mean_test_accuracy", "last-10 acc (%)"), ("final_mean_client_accuracy", "mean client acc (%)"))
+           ("last10_mean_test_accuracy", "last-10 rounds acc (%)"), ("final_mean_client_accuracy", "mean client acc (%)"))
 
 
 class Table:
@@ -53,7 +53,10 @@ def results_table(variants: list[Variant]) -> Table:
                      *[_pm(v.stats.get(name)) for name, _ in COLUMNS],
                      "/".join(map(str, rounds)) or "n/a", f"{sum(walls) / len(walls):.1f}" if walls else "n/a"])
     header = ["variant", "evaluated", "runs", *[h for _, h in COLUMNS], "rounds", "wall (s)"]
-    return Table("Results", header, rows, numeric=range(2, len(header)), id="results")
+    from ..engine.last_rounds import last10_note
+
+    note = last10_note((r.summary, r.config) for v in variants for r in v.completed)  # why a last-10 cell is n/a
+    return Table("Results", header, rows, numeric=range(2, len(header)), id="results", note=note)
 
 
 def domain_table(variants: list[Variant]) -> Table | None:

@@ -30,7 +30,8 @@ from typing import Any, Mapping, Sequence
 from ..config import load_config
 from ..errors import ConfigError
 from .runner import RECORD_NAME, RunSpec, config_differences, data_missing_file, git_info, plan
-from .report_markdown import LAST_ROUNDS, markdown
+from ..engine.last_rounds import last_rounds_mean  # one meaning of last-10 everywhere (issue 50)
+from .report_markdown import markdown
 from .report_plots import plot_table
 from .suite import STATS, PaperStatistic, Table
 
@@ -82,18 +83,6 @@ def _saved_config(run_dir: Path) -> dict[str, Any]:
     except (OSError, yaml.YAMLError):
         return {}
     return saved if isinstance(saved, dict) else {}
-
-
-def last_rounds_mean(curve: Sequence[tuple[int, float]], final_round: int, n: int = LAST_ROUNDS) -> float | None:
-    """The mean accuracy over rounds ``final_round − n + 1`` to ``final_round``, or None unless the
-    run evaluated every one of them: the same span of training in every table, whatever its
-    evaluation cadence (the mean of the last n *evaluations* of a run evaluated every 100 rounds
-    would span 1,000 rounds)."""
-    rounds = range(max(1, final_round - n + 1), final_round + 1)
-    at = dict(curve)
-    if not rounds or any(r not in at for r in rounds):
-        return None
-    return statistics.fmean(at[r] for r in rounds)
 
 
 def _cadence(eval_every: Any, eval_last: Any) -> str:

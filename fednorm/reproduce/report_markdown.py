@@ -9,7 +9,7 @@ from typing import Any, Mapping
 __all__ = ["markdown", "settings_markdown", "LAST_ROUNDS", "STAT_LABEL"]
 
 MAX_FLIPS = 6  # reversed pairs listed per column in report.md (all are in results.json)
-LAST_ROUNDS = 10  # "last-10": the mean over the last 10 rounds of a run
+from ..engine.last_rounds import LAST_ROUNDS  # "last-10": the mean over the last 10 rounds of a run
 STAT_LABEL = {"final": "final", "best": "best", "last10": "last-10 mean"}
 PAPER_STAT_LABEL = {"final": "final", "best": "best"}
 METRIC_LABEL = {"test_accuracy": "test accuracy of the global model",
