@@ -81,3 +81,12 @@ class RunWriteError(RuntimeError):
         if not isinstance(self.cause, RunDirectoryRemovedError):
             self.args = (f"{self.args[0]}; {hint}",)
         return self
+
+
+class StoppedAtOnce(KeyboardInterrupt):
+    """A run stopped mid-round by a second SIGINT/SIGTERM; its last checkpoint stands.
+    ``signum`` is the signal that asked it to stop (130/143 for the shell)."""
+
+    def __init__(self, signum: int | None = None) -> None:
+        super().__init__(signum)
+        self.signum = signum

@@ -329,9 +329,10 @@ def test_a_read_only_run_directory_is_one_line_not_errno_30(argv, needle, finish
     assert _snapshot(finished) == before
 
 
-def test_a_second_ctrl_c_prints_the_resume_command(tmp_path):
-    """Two SIGINTs: the first asks the run to stop after its round, the second stops it at once.
-    Before: "fednorm run: interrupted" and nothing on how to go on."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_a_second_ctrl_c_prints_the_resume_command(tmp_path, sig):
+    """Two SIGINTs (or SIGTERMs): the first asks the run to stop after its round, the second stops
+    it at once. Before: "fednorm run: interrupted" and nothing on how to go on, exit 130 for both."""
     out = tmp_path / "r"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "fednorm", "run", "--model", "mlp", "--num-clients", "2", "--batch-size", "4",
@@ -343,15 +344,15 @@ def test_a_second_ctrl_c_prints_the_resume_command(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
         time.sleep(0.3)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         time.sleep(0.3)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + int(sig), err
     assert "Traceback" not in err
     assert f"continue from the last checkpoint with: fednorm run --resume {out}" in err.strip().splitlines()[-1], err
     assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"

@@ -242,8 +242,10 @@ class RunSession:
     def interrupt(self, signum: int | None, exc: BaseException | None = None) -> None:
         """End the run after its last finished round (``exc``: a second signal stopped it mid-round,
         so its last checkpoint is what resumes)."""
+        from ..errors import StoppedAtOnce
+
         self.status, self.stop_signal = "interrupted", signum
-        self.error = exc
+        self.error = StoppedAtOnce(signum) if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, StoppedAtOnce) else exc
 
     def run_alone(self, stop: Any) -> RunResult:
         """The rounds of a run made alone (:func:`fednorm.run`), then :meth:`finish`."""

@@ -28,7 +28,7 @@ from . import adapt, analyze, compare, flower_app, launch, listing, partition, r
 from .common import config_from as _config_from  # noqa: F401  (fednorm.distributed.worker imports it from here)
 from .common import keeping_threads as _keeping_threads
 from .compare import QUICKSTART
-from .errors import EXIT_BAD_INPUT, EXIT_FAILED, ArgumentParser, one_line_warnings
+from .errors import EXIT_BAD_INPUT, EXIT_FAILED, ArgumentParser, exit_code_for_signal, one_line_warnings
 from .run import run_command
 
 __all__ = ["main", "build_parser", "run_command", "QUICKSTART"]
@@ -168,9 +168,9 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
             return EXIT_BAD_INPUT
         print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print(f"fednorm {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return exit_code_for_signal(getattr(exc, "signum", None))
 
 
 if __name__ == "__main__":  # pragma: no cover

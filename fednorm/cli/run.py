@@ -83,7 +83,7 @@ def run_command(args: argparse.Namespace, *, simulation: Any = None, quiet: bool
                 else:
                     cfg = config_from(args)
                 result = run(cfg, progress=progress, simulation=simulation, on_round=on_round)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         # A second SIGINT/SIGTERM stops the run mid-round; its last checkpoint stands: say how to go
         # on from it (main.py's bare "interrupted" named no command, issue 50).
         if plain and out is not None and any((out / n).is_file() for n in ("checkpoint.pt", "checkpoint.prev.pt")):
@@ -91,7 +91,7 @@ def run_command(args: argparse.Namespace, *, simulation: Any = None, quiet: bool
 
             print(f"fednorm {command}: interrupted; continue from the last checkpoint with: {again} --resume {out}",
                   file=sys.stderr, flush=True)
-            return 130
+            return exit_code_for_signal(getattr(exc, "signum", None))
         raise
     if quiet:
         return 0
