@@ -11,9 +11,10 @@ client's test split is drawn from its own source's test set instead.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 import functools
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -78,8 +79,8 @@ class FederatedData:
     @classmethod
     def from_tensors(
         cls,
-        clients: Sequence[tuple[torch.Tensor, torch.Tensor]],
-        test: tuple[torch.Tensor, torch.Tensor],
+        clients: Sequence[tuple[torch.Tensor, ...]],
+        test: tuple[torch.Tensor, torch.Tensor] | Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
         *,
         name: str = "tensors",
         num_classes: int | None = None,
@@ -88,39 +89,63 @@ class FederatedData:
     ) -> "FederatedData":
         """Your own clients' tensors as a federation: ``clients[k] = (x_k, y_k)`` with ``x_k`` float
         ``N_k×C×H×W`` (or ``N_k×F``), already normalised as you want the model to see them, and
-        ``y_k`` integer labels; ``test = (x, y)`` the global test set, cut into per-client test
-        splits with each client's label mix (as fednorm's own datasets are). A run records it as
-        ``user:NAME`` with a content fingerprint (``fednorm.data.provenance``).
+        ``y_k`` integer labels. A run records it as ``user:NAME`` with a content fingerprint
+        (``fednorm.data.provenance``).
+
+        The test data, one of:
+
+        - each client's own: ``clients[k] = (x_k, y_k, x_test_k, y_test_k)``, or ``test`` a list
+          of one ``(x, y)`` per client. Use this when clients differ in their features (FedBN's
+          feature shift: a client's test data must carry its own shift); each client is scored
+          on its own, and the global test accuracy is over the union of them.
+        - one global test set, ``test = (x, y)``, cut into per-client test splits with each
+          client's training label mix (as fednorm's own datasets are): for label skew.
+
+        Warns when test samples carry a class that no client trains on (or reach no client's
+        split).
 
         Raises:
-            DatasetError: shapes, dtypes or labels that do not fit together (one line, naming the client).
+            DatasetError: shapes, dtypes or labels that do not fit together, or no test data at
+                all (one line, naming the client).
         """
         from ..errors import DatasetError
 
         if not clients:
             raise DatasetError("from_tensors needs at least one client (clients=[(x, y), ...])")
-        xs, ys = [], []
-        for k, pair in enumerate(clients):
-            if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(t, torch.Tensor) for t in pair)):
-                raise DatasetError(f"client {k}: expected a pair of tensors (x, y), got {type(pair).__name__}")
-            x, y = pair
-            if x.dim() not in (2, 4) or y.dim() != 1 or len(x) != len(y):
-                raise DatasetError(f"client {k}: x must be N×C×H×W or N×F and y N labels; got x {tuple(x.shape)}, y {tuple(y.shape)}")
-            if not x.is_floating_point() or y.is_floating_point() or y.dtype == torch.bool:
-                raise DatasetError(f"client {k}: x must be float and y integer labels; got {x.dtype} and {y.dtype}")
-            if xs and x.shape[1:] != xs[0].shape[1:]:
-                raise DatasetError(f"client {k}: samples of shape {tuple(x.shape[1:])}, client 0's are {tuple(xs[0].shape[1:])}")
+        xs, ys, own_tests = [], [], []
+        for k, item in enumerate(clients):
+            if not (isinstance(item, (tuple, list)) and len(item) in (2, 4) and all(isinstance(t, torch.Tensor) for t in item)):
+                raise DatasetError(f"client {k}: expected tensors (x, y) or (x, y, x_test, y_test), got {type(item).__name__}"
+                                   + (f" of {len(item)}" if isinstance(item, (tuple, list)) else ""))
+            x, y = item[0], item[1]
+            _check_pair(x, y, f"client {k}", xs[0].shape[1:] if xs else None)
             xs.append(x)
             ys.append(y.long())
-        if not (isinstance(test, (tuple, list)) and len(test) == 2 and all(isinstance(t, torch.Tensor) for t in test)):
-            raise DatasetError(f"test: expected a pair of tensors (x, y), got {type(test).__name__}")
-        tx, ty = test
-        if not tx.is_floating_point() or ty.is_floating_point() or ty.dtype == torch.bool:
-            raise DatasetError(f"test: x must be float and y integer labels; got {tx.dtype} and {ty.dtype}")
-        if tx.shape[1:] != xs[0].shape[1:] or ty.dim() != 1 or len(tx) != len(ty):
-            raise DatasetError(f"test: x must be N×{'×'.join(map(str, xs[0].shape[1:]))} and y N labels; got x "
-                               f"{tuple(tx.shape)}, y {tuple(ty.shape)}")
-        labels = torch.cat([*ys, ty.long()])
+            if len(item) == 4:
+                own_tests.append((item[2], item[3]))
+        if own_tests and len(own_tests) != len(clients):
+            raise DatasetError("give every client its test data (x, y, x_test, y_test), or none of them")
+        if own_tests and test is not None:
+            raise DatasetError("the clients carry their own test data (x, y, x_test, y_test): leave test out")
+        per_client = _per_client_tests(test, len(clients)) if not own_tests else own_tests
+        if per_client is None:
+            if test is None:
+                raise DatasetError("from_tensors needs test data: test=(x, y) for one global test set, a list of one "
+                                   "(x, y) per client, or clients=[(x, y, x_test, y_test), ...]")
+            if not (isinstance(test, (tuple, list)) and len(test) == 2 and all(isinstance(t, torch.Tensor) for t in test)):
+                raise DatasetError(f"test: expected a pair of tensors (x, y) or a list of one pair per client ({len(clients)}), "
+                                   f"got {type(test).__name__}")
+            tests = [test]
+        else:
+            tests = list(per_client)
+        for k, (tx, ty) in enumerate(tests):
+            _check_pair(tx, ty, "test" if per_client is None else f"client {k}'s test data", xs[0].shape[1:])
+        tx = torch.cat([t[0] for t in tests]).float()
+        ty = torch.cat([t[1].long() for t in tests])
+        if len(ty) == 0:
+            raise DatasetError("the test data is empty: every accuracy would be NaN; give each client (or the "
+                               "federation) test samples")
+        labels = torch.cat([*ys, ty])
         k_classes = int(labels.max()) + 1 if num_classes is None else int(num_classes)
         if int(labels.min()) < 0 or int(labels.max()) >= k_classes:
             raise DatasetError(f"labels must lie in [0, {k_classes}); found {int(labels.min())}..{int(labels.max())}")
@@ -128,13 +153,27 @@ class FederatedData:
         sizes = [len(x) for x in xs]
         starts = np.cumsum([0, *sizes])
         parts = [np.arange(starts[i], starts[i + 1]) for i in range(len(sizes))]
-        hist = label_histogram(train_y.numpy(), parts, k_classes)
-        test_parts = split_like(ty.long().numpy(), hist, seed=seed)
+        if per_client is None:
+            hist = label_histogram(train_y.numpy(), parts, k_classes)
+            test_parts = split_like(ty.numpy(), hist, seed=seed)
+            unused = len(ty) - sum(len(p) for p in test_parts)
+            if unused:
+                warnings.warn(f"{unused} of {len(ty)} test samples reach no client's test split: their classes are in no "
+                              "client's training data (give each client its own test data to score it on all of it)",
+                              stacklevel=2)
+        else:
+            test_starts = np.cumsum([0, *[len(t[1]) for t in tests]])
+            test_parts = [np.arange(test_starts[i], test_starts[i + 1]) for i in range(len(tests))]
+            untrained = sorted(set(ty.tolist()) - set(train_y.tolist()))
+            if untrained:
+                n = int(sum(int((ty == c).sum()) for c in untrained))
+                warnings.warn(f"{n} of {len(ty)} test samples carry classes no client trains on ({untrained[:5]}"
+                              f"{', ...' if len(untrained) > 5 else ''})", stacklevel=2)
         channels = train_x.shape[1] if train_x.dim() == 4 else 1
         size = tuple(train_x.shape[2:]) if train_x.dim() == 4 else (1, train_x.shape[1])
         info = DatasetInfo(name=name, num_classes=k_classes, in_channels=channels, image_size=size,  # type: ignore[arg-type]
                            mean=(0.0,) * channels, std=(1.0,) * channels, augment=augment)
-        return cls(info=info, train_x=train_x, train_y=train_y, test_x=tx.float(), test_y=ty.long(),
+        return cls(info=info, train_x=train_x, train_y=train_y, test_x=tx, test_y=ty,
                    client_train=[torch.as_tensor(p, dtype=torch.int64) for p in parts],
                    client_test=[torch.as_tensor(p, dtype=torch.int64) for p in test_parts], augment=augment, name=name)
 
@@ -142,7 +181,7 @@ class FederatedData:
     def from_datasets(
         cls,
         clients: Sequence[Dataset],
-        test: Dataset | tuple[torch.Tensor, torch.Tensor],
+        test: Dataset | tuple[torch.Tensor, torch.Tensor] | Sequence[Dataset],
         *,
         name: str = "datasets",
         num_classes: int | None = None,
@@ -152,7 +191,8 @@ class FederatedData:
         """Your clients' map-style ``torch.utils.data.Dataset``s as a federation, as
         :meth:`from_tensors` makes one: ``clients[k]`` yields client k's ``(x, y)`` samples, ``x``
         a float tensor (``C×H×W`` or ``F``) and ``y`` an integer label; ``test`` likewise (or a
-        pair of tensors).
+        pair of tensors), or a list of one test dataset per client (each client's own test data,
+        as :meth:`from_tensors` takes it).
 
         Each dataset is read once, here, sample by sample, into tensors held in memory: a
         client's batches are then one ``index_select`` with no per-sample Python (the engine's
@@ -176,7 +216,12 @@ class FederatedData:
         if shape is None:
             raise DatasetError("from_datasets: every client's dataset is empty")
         pairs = [(x, y) if x is not None else (torch.empty(0, *shape), torch.empty(0, dtype=torch.int64)) for x, y in read]
-        if isinstance(test, (tuple, list)):
+        if isinstance(test, (list, tuple)) and len(test) == len(clients) and all(isinstance(t, Dataset) for t in test):
+            test_pair = []  # one test dataset per client: each client's own test data
+            for k, ds in enumerate(test):
+                tx, ty = _read_dataset(ds, f"client {k}'s test data")
+                test_pair.append((tx, ty) if tx is not None else (torch.empty(0, *shape), torch.empty(0, dtype=torch.int64)))
+        elif isinstance(test, (tuple, list)):
             test_pair = test
         else:
             tx, ty = _read_dataset(test, "test")
@@ -435,3 +480,30 @@ def repartition(data: FederatedData, config: object) -> FederatedData | None:
                          client_train=[torch.as_tensor(p, dtype=torch.int64) for p in parts],
                          client_test=[torch.as_tensor(p, dtype=torch.int64) for p in test_parts],
                          augment=data.augment, name=data.name, recipe=wanted)
+
+
+def _check_pair(x: torch.Tensor, y: torch.Tensor, who: str, shape: Any = None) -> None:
+    """One line on samples and labels that do not fit together (``shape``: the samples' shape so far)."""
+    from ..errors import DatasetError
+
+    if x.dim() not in (2, 4) or y.dim() != 1 or len(x) != len(y):
+        raise DatasetError(f"{who}: x must be N×C×H×W or N×F and y N labels; got x {tuple(x.shape)}, y {tuple(y.shape)}")
+    if not x.is_floating_point() or y.is_floating_point() or y.dtype == torch.bool:
+        raise DatasetError(f"{who}: x must be float and y integer labels; got {x.dtype} and {y.dtype}")
+    if shape is not None and x.shape[1:] != shape:
+        raise DatasetError(f"{who}: samples of shape {tuple(x.shape[1:])}, client 0's are {tuple(shape)}")
+
+
+def _per_client_tests(test: Any, num_clients: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """``test`` as one ``(x, y)`` per client, or None when it is one global pair (or absent)."""
+    from ..errors import DatasetError
+
+    if test is None or not isinstance(test, (tuple, list)) or not all(isinstance(t, (tuple, list)) for t in test):
+        return None  # one global pair (checked as such), or nothing
+    if len(test) != num_clients:
+        raise DatasetError(f"test: {len(test)} test sets for {num_clients} clients; give one (x, y) per client, or one "
+                           "global pair")
+    for k, pair in enumerate(test):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(t, torch.Tensor) for t in pair)):
+            raise DatasetError(f"client {k}'s test data: expected a pair of tensors (x, y), got {type(pair).__name__}")
+    return [(p[0], p[1]) for p in test]
