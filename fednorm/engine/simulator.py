@@ -202,6 +202,7 @@ class Simulation:
             channels_last=config.channels_last and any(isinstance(m, nn.Conv2d) for m in self.model.modules()),
         )
         self.method.channels_last = self.spec.channels_last
+        self._check_batches_of_one()
         self.executor_note = ""
         self.executor = self._make_executor()
         self._eval_forward: Any = None
@@ -233,6 +234,18 @@ class Simulation:
                                   "methods' statistics queries elsewhere, without the privacy mechanism")
             if config.dp_noise > 0:
                 require_opacus()
+
+    def _check_batches_of_one(self) -> None:
+        """One line before round 1, not PyTorch's "Expected more than 1 value per channel" mid-run:
+        BatchNorm1d normalises each feature over the batch, which one sample cannot give (a trailing
+        batch of one is already dropped by the batch plan; a client of one sample is left)."""
+        if not any(isinstance(m, nn.BatchNorm1d) for m in self.model.modules()):
+            return
+        lone = [c for c, ix in enumerate(self.data.client_train) if len(ix) == 1]
+        if lone:
+            raise ConfigError(f"client {lone[0]} holds one training sample{f' ({len(lone)} clients do)' if len(lone) > 1 else ''}, "
+                              "which the model's BatchNorm1d cannot normalise (it needs two values per feature): give every "
+                              "client at least two samples (fednorm's partitions: --min-size 2)")
 
     def _make_executor(self) -> SequentialExecutor | VectorizedExecutor:
         cfg = self.config

@@ -140,7 +140,10 @@ def _verify(model: nn.Module, stacked: nn.Module, k: int, x: torch.Tensor) -> No
         probe.load_state_dict(stacked_state)
         _train_without_dropout(probe, training)
         try:
-            out = from_client_layout(probe(to_client_layout(xs)), k)
+            out = probe(to_client_layout(xs))
+            if not isinstance(out, torch.Tensor):  # a tuple or dict of outputs: not logits
+                raise NotStackableError(f"the model's forward returns a {type(out).__name__}, not a tensor of logits")
+            out = from_client_layout(out, k)
         except (RuntimeError, ValueError) as exc:
             if isinstance(exc, NotStackableError):
                 raise

@@ -1,0 +1,58 @@
+"""A user's model and data that cannot train give one line before round 1 (issue 47.3), not a
+traceback from inside the stacked model or PyTorch's BatchNorm in the middle of a run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fednorm import api
+from fednorm.data.federated import FederatedData
+from fednorm.errors import ConfigError
+
+
+def _data(sizes=(20, 20, 20)):
+    g = torch.Generator().manual_seed(0)
+    clients = [(torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)) for n in sizes]
+    return FederatedData.from_tensors(clients, test=(torch.randn(9, 6, generator=g), torch.arange(9) % 3))
+
+
+class TupleNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.fc(x), x  # logits and features, as many research models return
+
+
+class DictNet(TupleNet):
+    def forward(self, x):
+        return {"logits": self.fc(x)}
+
+
+class BN1dHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU())
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+@pytest.mark.parametrize("net, shown", [(TupleNet, "tuple"), (DictNet, "dict")])
+def test_a_forward_that_returns_a_tuple_or_dict_is_one_line(tmp_path, net, shown):
+    with pytest.raises(ConfigError) as err:
+        api.run(model=net(), data=_data(), rounds=1, out=str(tmp_path / "r"), progress=False, threads=1)
+    assert "\n" not in str(err.value) and shown in str(err.value) and "logits" in str(err.value)
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()  # nothing trained, nothing half-written
+
+
+def test_a_one_sample_client_under_a_batchnorm1d_head_is_one_line_before_round_1(tmp_path):
+    with pytest.raises(ConfigError, match=r"client 1 holds one training sample.*at least two samples") as err:
+        api.run(model=BN1dHead(), data=_data((20, 1, 20)), method="fedbn", rounds=1, out=str(tmp_path / "r"),
+                progress=False, threads=1)
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
