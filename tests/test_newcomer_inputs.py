@@ -345,7 +345,8 @@ def test_a_second_ctrl_c_prints_the_resume_command(tmp_path, sig):
             time.sleep(0.05)
         time.sleep(0.3)
         proc.send_signal(sig)
-        time.sleep(0.3)
+        first = proc.stderr.readline()  # the first signal has reached Python (two at once would arrive as one)
+        assert "stopping after this round" in first, first
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:

@@ -59,6 +59,14 @@ def _assert_same(stacked, alone):
     {"method": "fedtan", "norm": "bn"},
     {"method": "fedtan", "norm": "bn", "local_epochs": 2, "batch_size": 50},  # unequal batches: padded rows, row masks
     {"method": "fedtan_forward", "norm": "bn"},
+    # the rest of the registries: every method and client/server optimizer stacks
+    {"method": "silobn", "norm": "bn"},
+    {"method": "singleset", "norm": "bn"},
+    {"method": "fedavg", "norm": "bn", "client_opt": "fedrs"},
+    # eps 1e-2 as in test_vectorized_methods.py: at the default 1e-8 the standardisation amplifies rounding
+    {"method": "fedavg", "norm": "bn", "client_opt": "feddecorr", "client_opt_args": {"beta": 0.5, "eps": 1e-2}},
+    {"method": "fedavg", "norm": "gn", "norm_args": {"num_groups": 2}, "server_opt": "fedavgm"},
+    {"method": "fedavg", "norm": "gn", "norm_args": {"num_groups": 2}, "server_opt": "fedyogi"},
 ], ids=lambda v: "-".join([v["method"], v["norm"], *(str(x) for x in v.get("method_args", {}).values()),
                            *(v[k] for k in ("client_opt", "server_opt") if k in v)]))
 def test_stacked_seeds_equal_the_runs_made_alone(variant, tmp_path):

@@ -7,13 +7,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STOP_FILE_ENV", "StopRequest"]
+__all__ = ["STOP_FILE_ENV", "STOPPING_MESSAGE", "StopRequest"]
 
 
 #: A file whose appearance asks a run to stop after the current round, as a first SIGINT/SIGTERM
 #: does; it holds the signal's number. ``fednorm launch`` sets it for its workers, which run in
 #: their own session so that a Ctrl-C reaches the launcher only (torchrun would print a traceback).
 STOP_FILE_ENV = "FEDNORM_STOP_FILE"
+
+#: What the first signal prints (stderr): the run goes on to the end of its round.
+STOPPING_MESSAGE = "fednorm: stopping after this round with a checkpoint (signal again to stop at once)"
 
 
 class StopRequest:
@@ -48,6 +51,11 @@ class StopRequest:
         if self.signal is not None:  # a second signal: stop now
             raise KeyboardInterrupt
         self.signal = signum
+        # Said at once, so the user (or a test) knows this signal arrived: two signals that land
+        # while the process is inside one long native call reach Python as one.
+        import sys
+
+        print(STOPPING_MESSAGE, file=sys.stderr, flush=True)
 
     def __exit__(self, *exc: Any) -> None:
         import signal
