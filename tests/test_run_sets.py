@@ -282,3 +282,27 @@ def test_a_checkpoint_with_flipped_bytes_is_refused_not_loaded(tmp_path):
         load_checkpoint(path)
     with pytest.warns(UserWarning, match="previous checkpoint"):  # the previous, intact one resumes the run
         assert load_latest(run_dir)["server_round"] == 3  # the end writes round 3 twice
+
+
+def test_a_directory_made_read_only_mid_run_ends_in_one_line_with_the_round_and_the_resume(tmp_path, monkeypatch):
+    """Before: a raw `[Errno 30] ... .summary.json.tmp`, no round, no resume command."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_newcomer_inputs import _read_only  # every write under a folder fails with EROFS (we are root)
+
+    from fednorm.errors import RunWriteError
+    from fednorm.tracking.callback import Callback
+
+    out = tmp_path / "r"
+
+    class ReadOnlyAfterRound2(Callback):
+        def on_round_end(self, record, sim):  # type: ignore[no-untyped-def]
+            if record.server_round == 2:
+                _read_only(monkeypatch, out)
+
+    with pytest.raises(RunWriteError) as err:
+        api.run(**{**BASE, "rounds": 4, "checkpoint_every": 1}, out=str(out), progress=False, callbacks=[ReadOnlyAfterRound2()])
+    text = str(err.value)
+    assert "\n" not in text and "[Errno" not in text and "Read-only file system" in text
+    assert f"the last good checkpoint is round 1; make the directory writable again, then: fednorm run --resume {out}" in text

@@ -384,6 +384,10 @@ def with_advice(error: BaseException, cfg: ExperimentConfig, run_dir: Path | Non
         return error
     resume = f"`{again}`" if again is not None else f"fednorm run --resume {run_dir}"
     if isinstance(error, RunWriteError):
+        import errno
+
+        denied = getattr(error.cause, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM)
+        fix = "make the directory writable again" if denied else "free space or raise the limit"
         return RunWriteError(error.path, error.cause).with_hint(
-            f"the last good checkpoint is round {saved}; free space or raise the limit, then: {resume.strip('`')}")
+            f"the last good checkpoint is round {saved}; {fix}, then: {resume.strip('`')}")
     return type(error)(f"{error} (the last good checkpoint is round {saved}: {resume.strip('`')})")
