@@ -42,7 +42,7 @@ TABLE = textwrap.dedent(
     rows:
       - {id: a, label: "A", set: {norm: bn}}
       - {id: h, label: "H", set: {norm: hbn, method: hbn, method_args: {preset: paper}}}
-      - {id: p, label: "P", set: {norm: bn, client_opt: scaffold}}
+      - {id: p, label: "P", set: {norm: bn, executor: sequential}}
     columns:
       - {id: x, label: "alpha 0.5", set: {alpha: 0.5}}
     cells:
@@ -101,7 +101,7 @@ def test_a_cells_seeds_stack_and_equal_the_suite_run_one_by_one(configs: Path, t
     said = capsys.readouterr().out
     assert "tiny A | alpha 0.5: seeds 3, 4, 5 stacked into one computation" in said
     assert "tiny H | alpha 0.5: seeds 3, 4, 5 stacked into one computation" in said
-    assert "tiny P | alpha 0.5: seeds 3, 4, 5 run one by one (" in said and "client-side hooks" in said  # SCAFFOLD: the reason
+    assert "tiny P | alpha 0.5: seeds 3, 4, 5 run one by one (" in said and "executor sequential" in said  # the reason
     record = json.loads(next((tmp_path / "stacked").rglob("a__x/seed3/reproduce.json")).read_text())
     assert record["invocations"][-1]["stacked_with"] == 3 and record["invocations"][-1]["status"] == "completed"
     assert _suite(configs, tmp_path / "alone", "--stack", "off") == 0
