@@ -151,7 +151,8 @@ def run_seeds(
     """Run ``config`` once per seed in ``root/seed<k>`` and aggregate.
 
     Args:
-        config: an :class:`~fednorm.config.ExperimentConfig` (its ``seed`` and ``out`` are replaced).
+        config: an :class:`~fednorm.config.ExperimentConfig`, a mapping of fields, a YAML path, or
+            None for the defaults, as :func:`fednorm.run` takes it (its ``seed`` and ``out`` are replaced).
         seeds: the seeds, e.g. ``[0, 1, 2]``.
         root: the folder of the per-seed run directories and of the aggregate files.
         run: the function that runs one experiment (default :func:`fednorm.api.run`); it is called
@@ -177,6 +178,10 @@ def run_seeds(
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     if not seeds:
         raise ValueError("run_seeds needs at least one seed")
+    if config is None or isinstance(config, (str, Path)):  # the default config, or a YAML file, as fednorm.run takes them
+        from .api import resolve_config
+
+        config = resolve_config(config)
     base = config.model_dump() if isinstance(config, ExperimentConfig) else dict(config)
     if model is not None:
         from .models.user import UserModel

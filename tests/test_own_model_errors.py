@@ -56,3 +56,33 @@ def test_a_one_sample_client_under_a_batchnorm1d_head_is_one_line_before_round_1
                 progress=False, threads=1)
     assert "\n" not in str(err.value)
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+class Untracked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4, track_running_stats=False), nn.ReLU(),
+                                  nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+@pytest.mark.parametrize("method", ["hbn", "fbn"])
+def test_track_running_stats_false_under_hbn_or_fbn_is_said(method):
+    """Before: the converted layers silently kept global statistics the user had switched off."""
+    g = torch.Generator().manual_seed(0)
+    clients = [(torch.randn(8, 1, 6, 6, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(2)]
+    data = FederatedData.from_tensors(clients, test=(torch.randn(6, 1, 6, 6, generator=g), torch.arange(6) % 3))
+    with pytest.warns(UserWarning, match="track_running_stats=False.*the converted layers track them"):
+        api.run(model=Untracked(), data=data, method=method, rounds=1, write=False, progress=False, threads=1)
+
+
+def test_run_seeds_takes_the_configs_fednorm_run_takes(tmp_path):
+    """Before: run_seeds(None, ...) raised TypeError: 'NoneType' object is not iterable."""
+    from fednorm.seeds import run_seeds
+
+    result = run_seeds(None, [0, 1], tmp_path / "s", plot=False, progress=False, rounds=1, model="mlp", partition="iid",
+                       threads=1)
+    assert sorted(result.summaries) == [0, 1] and all(s["status"] == "completed" for s in result.summaries.values())

@@ -155,6 +155,13 @@ class UserModel:
                               f"BatchNorm, and {self.name} has none: add nn.BatchNorm2d/BatchNorm1d where it should normalize")
         if _keeps_batch_norm(norm_layer):
             return module
+        untracked = [n for n, m in bns if not m.track_running_stats]
+        if untracked and norm in _METHOD_NORMS.values():
+            import warnings
+
+            warnings.warn(f"model: {len(untracked)} BatchNorm layer(s) ('{untracked[0]}'{', ...' if len(untracked) > 1 else ''}) "
+                          f"have track_running_stats=False, but method '{method}' keeps global statistics in its {norm.upper()} "
+                          "layers (they start at mean 0, variance 1): the converted layers track them", stacklevel=2)
         for n, m in bns:
             if isinstance(m, nn.BatchNorm3d):
                 raise ConfigError(f"model: layer '{n}' (BatchNorm3d) has no '{norm}' version (fednorm's norms take 2-D to 4-D "
