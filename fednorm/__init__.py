@@ -18,6 +18,7 @@ from .methods import get_method, list_methods
 from .models import get_model, list_models
 from .nn import get_norm_layer, list_norms
 from .version import __version__
+from . import seeds  # noqa: E402 - fednorm.seeds.run_seeds after `import fednorm`, as the docs write it
 
 __all__ = [
     "__version__",

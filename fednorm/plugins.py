@@ -4,7 +4,7 @@ A plugin is a Python module that registers things when imported (``@register_met
 ``register_model``, ``register_norm``, ``register_dataset``, ...). The command line imports
 
 - every module named by ``--plugin MODULE`` (repeatable; a dotted module name on ``sys.path`` or
-  the path of a ``.py`` file),
+  in the current directory, or the path of a ``.py`` file),
 - every module in the ``FEDNORM_PLUGINS`` environment variable (comma-separated, same forms),
 - every installed package's entry point in the ``fednorm.plugins`` group (``pyproject.toml``:
   ``[project.entry-points."fednorm.plugins"] mine = "my_package.fednorm_plugin"``),
@@ -50,7 +50,19 @@ def _import(name: str) -> None:
         sys.modules[module_name] = module
         spec.loader.exec_module(module)
         return
-    importlib.import_module(name)
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        # `fednorm` is a console script: the current directory is not on sys.path as it is for
+        # `python -m`, so a plugin module beside the user is looked for there too.
+        cwd = os.getcwd()
+        if exc.name != name.split(".")[0] or cwd in sys.path or "" in sys.path:
+            raise
+        sys.path.insert(0, cwd)
+        try:
+            importlib.import_module(name)
+        finally:
+            sys.path.remove(cwd)
 
 
 def load_plugins(names: Iterable[str] = (), *, environment: bool = True, entry_points: bool = True) -> list[str]:

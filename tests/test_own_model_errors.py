@@ -86,3 +86,22 @@ def test_run_seeds_takes_the_configs_fednorm_run_takes(tmp_path):
     result = run_seeds(None, [0, 1], tmp_path / "s", plot=False, progress=False, rounds=1, model="mlp", partition="iid",
                        threads=1)
     assert sorted(result.summaries) == [0, 1] and all(s["status"] == "completed" for s in result.summaries.values())
+
+
+def test_a_plugin_module_beside_the_user_loads_by_name_and_fednorm_seeds_is_an_attribute(tmp_path, monkeypatch):
+    """Before: `--plugin my_methods` (and FEDNORM_PLUGINS=my_methods) said "No module named 'my_methods'"
+    from the console script, whose sys.path lacks the current directory; `fednorm.seeds` after
+    `import fednorm` was an AttributeError."""
+    import subprocess
+    import sys
+
+    (tmp_path / "my_probe_plugin.py").write_text(
+        "from fednorm.methods import FedAvg, register_method\n\n"
+        "@register_method('my_probe_method')\nclass Mine(FedAvg):\n    name = 'my_probe_method'\n")
+    script = ("import sys, os; sys.path[:] = [p for p in sys.path if p not in ('', os.getcwd())]\n"
+              "from fednorm.cli.main import main; raise SystemExit(main(['--plugin', 'my_probe_plugin', 'list', 'methods']))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "my_probe_method" in done.stdout, done.stderr
+    import fednorm
+
+    assert callable(fednorm.seeds.run_seeds)
