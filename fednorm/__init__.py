@@ -9,7 +9,7 @@ Quick use::
     print(table.markdown())
 """
 
-from .api import CompareResult, RunResult, compare, run
+from .api import CompareResult, RunResult, analyze, compare, diagnose, evaluate, run
 from .config import ExperimentConfig, load_config
 from .data import FederatedData, build_federated_data, list_datasets, list_partitions, load_dataset
 from .engine.adapt import adapt
@@ -26,6 +26,9 @@ __all__ = [
     "RunResult",
     "compare",
     "run",
+    "evaluate",
+    "diagnose",
+    "analyze",
     "adapt",
     "ExperimentConfig",
     "load_config",

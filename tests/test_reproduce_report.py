@@ -319,3 +319,68 @@ def test_welch_interval_against_an_independent_computation() -> None:
     far = welch([80.0, 81.0, 80.5], [70.0, 70.4, 69.8])
     assert far["verdict"] == "ahead" and far["low"] > 0
     assert welch([80.0, 81.0], [70.0]) is None  # one seed: no interval
+
+
+def test_paired_interval_against_scipy_and_used_where_rows_share_seeds(configs: Path, tmp_path: Path) -> None:
+    """The ordering's interval is paired by seed where both rows ran two or more common seeds (a seed's
+    rows share its partition and client sampling): equal to scipy's paired t interval; Welch's where not."""
+    from scipy import stats as st
+
+    from fednorm.reproduce.report import paired
+
+    a, b = {1: 74.77, 2: 74.45, 3: 73.99, 4: 70.0}, {1: 74.13, 2: 73.02, 3: 73.84, 5: 10.0}
+    got = paired(a, b)
+    d = np.array([a[s] - b[s] for s in (1, 2, 3)])
+    ci = st.ttest_rel([a[s] for s in (1, 2, 3)], [b[s] for s in (1, 2, 3)]).confidence_interval(0.95)
+    assert got["seeds"] == [1, 2, 3] and got["diff"] == pytest.approx(d.mean(), abs=1e-12)
+    assert (got["low"], got["high"]) == pytest.approx((ci.low, ci.high), abs=1e-9)
+    assert got["verdict"] == ("ahead" if ci.low > 0 else "behind" if ci.high < 0 else "not distinguishable")
+    assert paired({1: 1.0, 2: 2.0}, {2: 1.0, 3: 0.0}) is None  # one common seed
+
+    # in a report: rows a and b both ran seeds 3 and 4 -> paired; a shift shared by a seed's rows cancels
+    (table,) = load_paper("hbn", ["stat"], configs)
+    out = tmp_path / "out"
+    specs = {c: s for s in plan([table], scale="full", out=out) for c in s.cells}
+    for seed, level in ((3, 0.2), (4, 0.6)):  # the seed moves both rows by the same amount
+        for cell, gap in ((("a", "x"), 0.05), (("b", "x"), 0.0)):
+            hist = {r: level + gap + 0.001 * seed for r in range(1, 101)}
+            _write_run(specs[cell], seed, hist, rounds=100, eval_every=1, eval_last_rounds=10)
+    (test,) = collect([table], scale="full", out=out)["tables"][0]["ordering"]["x"]["tests"]
+    assert test["test"] == "paired" and test["diff"] == pytest.approx(5.0) and test["verdict"] == "ahead"
+    # Welch's interval over the same values cannot exclude 0: the seeds spread the rows by 40 points
+    from fednorm.reproduce.report import welch
+
+    assert welch([25.3, 65.4], [20.3, 60.4])["verdict"] == "not distinguishable"
+
+
+def test_a_stuck_run_is_counted_apart_and_the_trained_runs_summarised_alone(configs: Path, tmp_path: Path) -> None:
+    """A run whose final evaluation puts >= 99% of its predictions in one class is counted as stuck;
+    the cell reports k of n seeds and the statistics of the other runs, from independent arithmetic."""
+    from fednorm.reproduce.report import stuck_curve
+
+    (table,) = load_paper("hbn", ["stat"], configs)
+    out = tmp_path / "out"
+    specs = {c: s for s in plan([table], scale="full", out=out) for c in s.cells}
+    spec = specs[("a", "x")]
+    finals = {3: 0.1, 4: 0.70, 5: 0.74}
+    for seed, final in finals.items():
+        hist = {r: (0.1 if seed == 3 else 0.5 + 0.002 * r) for r in range(1, 101)}
+        hist[100] = final
+        _write_run(spec, seed, hist, rounds=100, eval_every=1, eval_last_rounds=10)
+        path = spec.dir.parent / f"seed{seed}" / "metrics.jsonl"
+        recs = [json.loads(x) for x in path.read_text().splitlines()]
+        for rec in recs:  # the engine's record of how concentrated the predictions were
+            rec["top_class_share"] = 1.0 if seed == 3 else (0.995 if rec["round"] == 50 else 0.3)
+        path.write_text("".join(json.dumps(x) + "\n" for x in recs))
+    cell = {(c["row"], c["column"]): c for c in collect([table], scale="full", out=out)["tables"][0]["cells"]}[("a", "x")]
+    assert cell["stuck"]["final"] == 1 and cell["stuck"]["n"] == 3 and cell["stuck"]["seeds"] == [3]
+    trained = cell["stuck"]["trained"]["final"]
+    assert trained["mean"] == pytest.approx(72.0) and trained["std"] == pytest.approx(np.std([70, 74], ddof=1))
+    runs = {r["seed"]: r for r in cell["runs"]}
+    assert runs[4]["stuck_rounds"] == [50] and runs[4]["stuck_final"] is False and len(runs[3]["stuck_rounds"]) == 100
+    text = markdown(collect([table], scale="full", out=out))
+    assert "**Runs stuck at one class**" in text and "1 of 3 seeds (3)" in text
+    # records older than top_class_share: exactly 1/10 on CIFAR-10's balanced test set is one class predicted
+    old = [{"round": 10, "test_accuracy": 0.1}, {"round": 20, "test_accuracy": 0.1001}, {"round": 30}]
+    assert stuck_curve(old, "cifar10") == [(10, True), (20, False)]
+    assert stuck_curve(old, "mnist") == []  # its test classes are not equally frequent: unknown

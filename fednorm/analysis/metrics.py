@@ -43,12 +43,29 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.model if isinstance(model, FeatureNormClassifier) else model
 
 
+def _forward_features(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``net.forward_features(x)``; for a model without it (a user's own module), the input of its
+    classifier (:func:`fednorm.nn.classifier_head`), taken by a hook on a full forward pass."""
+    if hasattr(net, "forward_features"):
+        return net.forward_features(x)
+    from ..nn import classifier_head
+
+    grabbed: list[torch.Tensor] = []
+    handle = classifier_head(net).register_forward_pre_hook(lambda _m, args: grabbed.append(args[0]))
+    try:
+        net(x)
+    finally:
+        handle.remove()
+    return grabbed[-1].flatten(1)
+
+
 @torch.inference_mode()
 def extract_features(model: nn.Module, x: torch.Tensor, *, raw: bool = True, batch_size: int = 1024) -> torch.Tensor:
     """Penultimate features ``(N, d)`` in eval mode (the caller's mode is restored).
 
     Args:
-        model: a :class:`~fednorm.models.base.ClassifierModel`, with or without FN.
+        model: a :class:`~fednorm.models.base.ClassifierModel`, with or without FN, or any model
+            whose classifier :func:`fednorm.nn.classifier_head` finds (its input is the feature).
         x: inputs.
         raw: features before FN (``h(x)``, whose norm Theorem 1 is about); ``False`` gives what
             the head sees (after FN, norm ``sqrt(d)``, for an FN model).
@@ -58,15 +75,22 @@ def extract_features(model: nn.Module, x: torch.Tensor, *, raw: bool = True, bat
     was = model.training
     model.eval()
     try:
-        out = [net.forward_features(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
+        out = [_forward_features(net, x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
     finally:
         model.train(was)
-    return torch.cat(out) if out else x.new_zeros(0, int(model.num_features))
+    if out:
+        return torch.cat(out)
+    from ..nn import classifier_head
+
+    return x.new_zeros(0, int(getattr(model, "num_features", 0) or classifier_head(model).in_features))
 
 
 def class_embedding_norms(model: nn.Module) -> torch.Tensor:
     """``||w_c||_2`` for every row of the head's weight (the class embeddings), shape ``(C,)``."""
-    return model.head.weight.detach().norm(dim=1)
+    from ..nn import classifier_head
+
+    head = model.head if isinstance(getattr(model, "head", None), nn.Linear) else classifier_head(model)
+    return head.weight.detach().norm(dim=1)
 
 
 def norm_report(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> dict[str, list[float | None]]:

@@ -11,7 +11,10 @@ writes ``analysis.json`` plus three plots into the run directory:
   on that client, for the model as trained and for the same weights with FN toggled (Fig. 2).
 
 For personalized methods (FedBN, SiloBN) the global state is analysed (its local tensors are
-the server's copies, not any client's).
+the server's copies, not any client's). A user's own module (``fednorm.analyze(run, model=net,
+data=data)``) is analysed through its classifier (:func:`fednorm.nn.classifier_head`): its
+features are that layer's input, and the FN-toggled variant is left out (it needs a fednorm
+model's ``forward_features``/``head`` seam).
 """
 
 from __future__ import annotations
@@ -46,40 +49,44 @@ def pick_one_class_client(histogram: np.ndarray) -> int:
 def analyze_run(
     run_dir: str | Path,
     *,
+    model: Any = None,
+    data: Any = None,
     client: int | None = None,
     steps: int = 5,
     lr: float | None = None,
     per_class: int = 2,
     max_test: int = 2000,
     plots: bool = True,
+    data_dir: str | None = None,
+    device: str | None = None,
 ) -> dict[str, Any]:
     """Analyse the final global model of a run directory; writes ``analysis.json`` (and plots).
 
     Args:
         run_dir: a ``fednorm run`` output directory (``config.yaml`` + ``checkpoint.pt``).
+        model: a run of the user's own ``nn.Module`` (``fednorm.run(model=...)``) takes the same
+            module (or factory) back; its weights come from the checkpoint.
+        data: a run of the user's own data takes the same ``FederatedData`` back (checked against
+            the run's recorded fingerprint).
         client: the client to train locally (default: the one with the fewest classes).
         steps: local SGD steps (default: 5, the paper's Fig. 2).
         lr: local learning rate (default: the run's ``lr``).
         per_class: test images per class in the feature matrix (default: 2, so 20×d on CIFAR-10).
         max_test: at most this many test images (stratified) for norms and accuracies.
         plots: write the PNG plots.
+        data_dir: the dataset folder, if not the run's.
+        device: torch device (default: the run's; the CPU for a GPU run where there is no GPU).
 
     Returns:
         The analysis (also written as JSON).
     """
-    from ..config import load_config
-    from ..engine.checkpoint import load_latest
-    from ..engine.simulator import Simulation
+    from ..engine.reload import simulation_from_run
     from ..errors import ConfigError
 
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"cannot analyze {run_dir}: no config.yaml there (is it a fednorm run directory?)")
-    cfg = load_config(run_dir / "config.yaml")
-    checkpoint = load_latest(run_dir)
-    sim = Simulation(cfg)
-    sim.load_state_dict(checkpoint)
-    model = sim.global_model()
+    sim, _ = simulation_from_run(run_dir, model=model, data=data, data_dir=data_dir, device=device, what="analyze")
+    cfg = sim.config
+    net = sim.global_model()
     data = sim.data
     num_classes = data.num_classes
     hist = data.histogram()
@@ -96,7 +103,7 @@ def analyze_run(
     ix = data.client_train[cid]
     x_client, y_client = data.train_x[ix], data.train_y[ix]
     local_lr = cfg.lr if lr is None else float(lr)
-    has_fn = type(model).__name__ == "FeatureNormClassifier"
+    has_fn = type(net).__name__ == "FeatureNormClassifier"
 
     def describe(net: torch.nn.Module) -> dict[str, Any]:
         return {
@@ -105,7 +112,9 @@ def analyze_run(
             "collapse_raw": collapse_report(extract_features(net, x_feat, raw=True)),
         }
 
-    variants = {"as_trained": model, ("fn_removed" if has_fn else "fn_inserted"): toggle_feature_norm(model)}
+    variants = {"as_trained": net}
+    if hasattr(net, "forward_features"):  # FN goes between a fednorm model's features and head; a user's module has no such seam
+        variants["fn_removed" if has_fn else "fn_inserted"] = toggle_feature_norm(net)
     result: dict[str, Any] = {
         "run_dir": str(run_dir),
         "round": sim.server_round,
@@ -120,11 +129,11 @@ def analyze_run(
         "local_lr": local_lr,
         "num_test": int(len(y_test)),
         "feature_matrix_rows": int(len(x_feat)),
-        "global": describe(model),
+        "global": describe(net),
         "local": {},
     }
-    for name, net in variants.items():
-        over = local_overfitting(net, x_client, y_client, x_test, y_test, num_classes, steps=steps, lr=local_lr, seed=cfg.seed)
+    for name, variant in variants.items():
+        over = local_overfitting(variant, x_client, y_client, x_test, y_test, num_classes, steps=steps, lr=local_lr, seed=cfg.seed)
         trained = over.pop("model")
         result["local"][name] = {**over, **describe(trained)}
     result = json_safe(result)

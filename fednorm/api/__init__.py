@@ -8,7 +8,8 @@ Example:
 
 The modules: :mod:`~fednorm.api.runs` (one run), :mod:`~fednorm.api.comparison` (several
 variants), :mod:`~fednorm.api.inputs` (the config and the user's model or data),
-:mod:`~fednorm.api.resume` (resuming a run) and :mod:`~fednorm.api.stop` (stopping one cleanly).
+:mod:`~fednorm.api.resume` (resuming a run), :mod:`~fednorm.api.stop` (stopping one cleanly) and
+:mod:`~fednorm.api.tools` (evaluate, diagnose and analyze a finished run, of your own model or data too).
 """
 
 from __future__ import annotations
@@ -20,5 +21,7 @@ from .inputs import check_device, record_data, record_model, resolve_config  # n
 from .resume import RESUMABLE_OVERRIDES  # noqa: F401
 from .runs import RunResult, run
 from .stop import STOP_FILE_ENV  # noqa: F401
+from .tools import analyze, diagnose, evaluate
 
-__all__ = ["RunResult", "CompareResult", "run", "compare", "resolve_config", "variant_label", "check_device", "plan_variants"]
+__all__ = ["RunResult", "CompareResult", "run", "compare", "evaluate", "diagnose", "analyze", "resolve_config", "variant_label",
+           "check_device", "plan_variants"]

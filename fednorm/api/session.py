@@ -47,11 +47,50 @@ class RunResult:
 
     @property
     def model(self) -> nn.Module:
-        """The working model loaded with the final global state."""
+        """The server's global model: the simulation's working model loaded with the final global
+        state (not a copy: the next access, or :meth:`client_model`, reloads the same module).
+
+        Under a method that keeps tensors on each client (FedBN, SiloBN, a personal head), the
+        run scores each client with its own model and this one holds the server's copies of those
+        local tensors, which are their initial values: FedBN's BatchNorm layers here still have
+        running mean 0 and variance 1, so this model scores below the run. Use
+        :meth:`client_model` for the model the run scored client ``k`` with.
+        """
         if self.simulation is None:
             raise ConfigError(f"the run in {self.out_dir} was reloaded from its directory; load its model from "
                               f"{self.out_dir}/checkpoint.pt")
         return self.simulation.global_model()
+
+    def client_model(self, client_id: int) -> nn.Module:
+        """Client ``client_id``'s final model, as the run evaluated it: the global state with that
+        client's local tensors (FedBN's BatchNorm statistics and affine, SiloBN's statistics, a
+        personal head) loaded in. It is a copy, in eval mode: later calls do not change it. For a
+        method without local tensors it equals :attr:`model`.
+
+        Raises:
+            ConfigError: ``client_id`` is not a client of the run, or the run was reloaded from
+                its directory (``fednorm compare --resume``; load ``checkpoint.pt`` instead).
+
+        Example:
+            >>> result = fednorm.run(method="fedbn", rounds=2, write=False, progress=False)
+            >>> net = result.client_model(0)  # client 0's BatchNorm statistics, not the server's
+        """
+        import copy
+        import operator
+
+        if self.simulation is None:
+            raise ConfigError(f"the run in {self.out_dir} was reloaded from its directory; load its clients' tensors from "
+                              f"{self.out_dir}/checkpoint.pt")
+        n = self.simulation.data.num_clients
+        try:
+            k = operator.index(client_id) if not isinstance(client_id, bool) else None
+        except TypeError:
+            k = None
+        if k is None or not 0 <= k < n:
+            raise ConfigError(f"client_id must be an int in [0, {n}), got {client_id!r}")
+        model = copy.deepcopy(self.simulation.client_model(k))
+        self.simulation.global_model()  # the working model back to the global state, as `model` leaves it
+        return model.eval()
 
 
 @dataclass

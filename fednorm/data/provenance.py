@@ -97,15 +97,16 @@ def user_data_error(name: str, run_dir: str | None = None) -> DatasetError:
         f"(to resume: fednorm.run(resume='{where}', data=...), checked against its fingerprint)")
 
 
-def check_same_data(recorded: Mapping[str, Any], data: FederatedData, run_dir: str) -> None:
-    """Refuse ``data`` unless it is the data the run at ``run_dir`` recorded (its fingerprint)."""
+def check_same_data(recorded: Mapping[str, Any], data: FederatedData, run_dir: str, verb: str = "resume") -> None:
+    """Refuse ``data`` unless it is the data the run at ``run_dir`` recorded (its fingerprint);
+    ``verb``: what the caller does with the run, for the message."""
     from ..errors import ConfigError
 
     now = describe_data(data)
     if now["fingerprint"] != recorded.get("fingerprint"):
         differs = [k for k in ("train_shape", "test_shape", "num_classes", "client_sizes") if now[k] != recorded.get(k)]
         detail = f"{', '.join(differs)} differ" if differs else "same shapes and sizes, other values"
-        raise ConfigError(f"cannot resume {run_dir}: the data given is not the data it trained on ({detail}; fingerprint "
+        raise ConfigError(f"cannot {verb} {run_dir}: the data given is not the data it trained on ({detail}; fingerprint "
                           f"{now['fingerprint'][:20]}... vs {str(recorded.get('fingerprint'))[:20]}...)")
 
 

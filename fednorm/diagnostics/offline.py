@@ -43,10 +43,10 @@ __all__ = ["diagnose_run", "format_diagnosis", "DIAGNOSIS_FILE"]
 DIAGNOSIS_FILE = "diagnosis.json"
 
 
-def _load(run_dir: Path, data_dir: str | None, device: str | None) -> Any:
+def _load(run_dir: Path, data_dir: str | None, device: str | None, model: Any = None, data: Any = None) -> Any:
     from ..engine.reload import simulation_from_run
 
-    return simulation_from_run(run_dir, data_dir=data_dir, device=device, what="diagnose")[0]
+    return simulation_from_run(run_dir, model=model, data=data, data_dir=data_dir, device=device, what="diagnose")[0]
 
 
 def _resampled(sim: Any, k: int) -> dict[str, Any] | None:
@@ -97,6 +97,8 @@ def _by_layer(figures: dict[str, float], strip: str = "") -> dict[str, dict[str,
 def diagnose_run(
     run_dir: str | Path,
     *,
+    model: Any = None,
+    data: Any = None,
     resample: int = 0,
     max_samples: int | None = None,
     data_dir: str | None = None,
@@ -109,6 +111,12 @@ def diagnose_run(
 
     Args:
         run_dir: a run directory (``config.yaml`` + a checkpoint).
+        model: a run of the user's own ``nn.Module`` (``fednorm.run(model=...)``) takes the same
+            module (or factory) back; its weights come from the checkpoint (default: None, a
+            registry model built from the config).
+        data: a run of the user's own data (``fednorm.run(data=...)``) takes the same
+            ``FederatedData`` back, checked against the fingerprint the run recorded (default:
+            None, built from the config).
         resample: for methods that re-estimate statistics from sampled clients (HBN), repeat the
             protocol with this many other seeded samples (default: 0, none).
         max_samples: compute the "exact" statistics (and the clients' mismatch) on a seeded share
@@ -129,7 +137,7 @@ def diagnose_run(
     say = progress or (lambda line: None)
     run_dir = Path(run_dir)
     say(f"loading {run_dir} (config, data, checkpoint)")
-    sim = _load(run_dir, data_dir, device)
+    sim = _load(run_dir, data_dir, device, model, data)
     method = sim.method
     r = sim.server_round
     if r < 1:

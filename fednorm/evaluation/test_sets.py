@@ -23,7 +23,7 @@ import torch
 from ..engine.runlock import holding_run_lock
 from ..errors import ConfigError, DatasetError
 
-__all__ = ["evaluate_run_on", "wilson_interval", "EVALUATION_FILE"]
+__all__ = ["evaluate_run", "evaluate_run_on", "wilson_interval", "EVALUATION_FILE"]
 
 EVALUATION_FILE = "evaluation.json"
 
@@ -51,17 +51,42 @@ def _load_test_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return x, y.astype(np.int64)
 
 
+def evaluate_run(run_dir: str | Path, *, model: Any = None, data: Any = None, data_dir: str | None = None,
+                 device: str | None = None) -> dict[str, Any]:
+    """Evaluate ``run_dir``'s latest checkpoint on its own test data exactly as the run evaluated
+    its last round: the same method's evaluation state (HBN's statistics re-synced from that
+    round's clients), each client's own model under a personalized method (FedBN), so the figures
+    equal the run's last recorded ones. Reads the run; writes nothing.
+
+    ``model``/``data``: a run of the user's own module or data takes them back
+    (:func:`~fednorm.engine.reload.simulation_from_run`).
+
+    Returns:
+        ``round`` and the run's evaluation keys: ``test_accuracy``, ``test_loss``,
+        ``mean_client_accuracy``, ``client_accuracies`` (one per client, ``None`` for a client
+        without test data), and ``top_class_share`` or ``domain_accuracies`` where the run has them.
+    """
+    from ..engine.reload import simulation_from_run
+
+    sim, checkpoint = simulation_from_run(run_dir, model=model, data=data, data_dir=data_dir, device=device, what="evaluate")
+    r = sim.server_round
+    if r >= 1:
+        sim.method.configure_round(r, sim.sample_clients(r))  # the last round's clients, as the run evaluated
+    return {"round": int(checkpoint.get("server_round", r)), **sim.evaluate()}
+
+
 @holding_run_lock("evaluate", "it is still training: evaluate it once that run has finished")
-def evaluate_run_on(run_dir: str | Path, test_file: str | Path, *, data_dir: str | None = None,
-                    write: bool = True) -> dict[str, Any]:
+def evaluate_run_on(run_dir: str | Path, test_file: str | Path, *, model: Any = None, data: Any = None,
+                    data_dir: str | None = None, write: bool = True) -> dict[str, Any]:
     """Evaluate ``run_dir``'s latest checkpoint on ``test_file`` and on the run's own test set
-    (on the run's device, or the CPU where that is a GPU this machine lacks)."""
+    (on the run's device, or the CPU where that is a GPU this machine lacks); ``model``/``data``
+    as :func:`evaluate_run` takes them."""
     from ..data.federated import input_norm_values
     from ..data.transforms import normalize
     from ..engine.reload import simulation_from_run
 
     run_dir, test_file = Path(run_dir), Path(test_file)
-    sim, checkpoint = simulation_from_run(run_dir, data_dir=data_dir, what="evaluate")
+    sim, checkpoint = simulation_from_run(run_dir, model=model, data=data, data_dir=data_dir, what="evaluate")
     cfg = sim.config
     if sim.method.personalized:
         raise ConfigError(f"method '{cfg.method}' evaluates each client with its own model: there is no one global model "

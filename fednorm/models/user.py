@@ -126,10 +126,11 @@ class UserModel:
     def tag(self) -> str:
         return f"{USER_PREFIX}:{self.name.replace(':', '_')}"
 
-    def check_same(self, recorded: dict[str, Any], run_dir: str) -> None:
-        """Refuse a model whose architecture is not the one the run at ``run_dir`` recorded."""
+    def check_same(self, recorded: dict[str, Any], run_dir: str, verb: str = "resume") -> None:
+        """Refuse a model whose architecture is not the one the run at ``run_dir`` recorded
+        (``verb``: what the caller does with the run, for the message)."""
         if recorded.get("structure") != self.structure:
-            raise ConfigError(f"cannot resume {run_dir}: the model given ({self.qualname}, {self.parameters:,} parameters) "
+            raise ConfigError(f"cannot {verb} {run_dir}: the model given ({self.qualname}, {self.parameters:,} parameters) "
                               f"is not the architecture it trained ({recorded.get('class')}, "
                               f"{int(recorded.get('parameters') or 0):,} parameters)")
 

@@ -2,14 +2,15 @@
 
 ``get_norm_layer`` resolves a norm by name (``"bn"``, ``"gn"``, ``"ln"``, ``"none"``, and the
 methods' own layers as they are registered); ``convert_norm`` swaps a model's BatchNorms;
-``state_keys``/``batch_norm_keys`` select tensors by owning module type; the functional core
-pools cross-client statistics exactly and normalises across clients through a ``ClientComm``.
+``state_keys``/``batch_norm_keys`` select tensors by owning module type, ``classifier_head``
+finds a model's classifier; the functional core pools cross-client statistics exactly and
+normalises across clients through a ``ClientComm``.
 """
 
 from .comm import ClientComm, CommTraffic, LocalClientComm
 from .functional import channel_stats, cross_client_batch_norm, pooled_stats
 from .norms import NORMS, convert_norm, get_norm_layer, is_batch_norm, list_norms, norm_modules, register_norm
-from .state import batch_norm_keys, floating_keys, state_keys
+from .state import batch_norm_keys, classifier_head, floating_keys, state_keys
 from .hbn import (  # registers the "hbn" norm
     HBNStats,
     HybridBatchNorm,
@@ -63,6 +64,7 @@ __all__ = [
     "batch_norm_keys",
     "floating_keys",
     "state_keys",
+    "classifier_head",
     "HBNStats",
     "HybridBatchNorm",
     "HybridBatchNorm1d",

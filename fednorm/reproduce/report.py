@@ -35,7 +35,7 @@ from .report_markdown import markdown
 from .report_plots import plot_table
 from .suite import STATS, PaperStatistic, Table
 
-__all__ = ["run_metrics", "series", "summarize", "welch", "last_rounds_mean", "paper_statistic_value", "ordering", "collect",
+__all__ = ["run_metrics", "series", "summarize", "welch", "paired", "stuck_curve", "STUCK_SHARE", "last_rounds_mean", "paper_statistic_value", "ordering", "collect",
            "write_report"]
 
 def _read_json(path: Path) -> Any:
@@ -71,6 +71,32 @@ def series(history: Sequence[Mapping[str, Any]], metric: str, sources: Sequence[
         value = rec.get(metric) if index is None else (rec.get("client_accuracies") or [None] * (index + 1))[index]
         if value is not None and isinstance(value, (int, float)) and math.isfinite(value):
             out.append((int(rec.get("round", len(out) + 1)), 100.0 * float(value)))
+    return out
+
+
+STUCK_SHARE = 0.99
+"""A run is *stuck* at an evaluation when at least this share of its test predictions fall in one
+class (``top_class_share``): FedAvg+BN's start at HBN Table 1's setting (REPRODUCTION.md §1)."""
+
+# Test sets with exactly equal class counts: a model that predicts one class scores exactly 1/C
+# there. Used only for evaluations recorded before ``top_class_share`` was (64ca95c).
+_BALANCED_TEST_CLASSES = {"cifar10": 10}
+
+
+def stuck_curve(history: Sequence[Mapping[str, Any]], dataset: str | None) -> list[tuple[int, bool]]:
+    """``(round, stuck)`` at each evaluation of the global model whose state is known.
+
+    Stuck: ``top_class_share >= STUCK_SHARE``. An older record without that field counts as stuck
+    when its test accuracy is exactly 1/C on a test set of C equally frequent classes (CIFAR-10's:
+    one class predicted gives 10.00%), and is left out elsewhere."""
+    classes = _BALANCED_TEST_CLASSES.get(str(dataset))
+    out = []
+    for rec in history:
+        share, acc = rec.get("top_class_share"), rec.get("test_accuracy")
+        if isinstance(share, (int, float)) and math.isfinite(share):
+            out.append((int(rec["round"]), share >= STUCK_SHARE))
+        elif classes and isinstance(acc, (int, float)) and math.isfinite(acc):
+            out.append((int(rec["round"]), abs(acc * classes - 1.0) < 1e-9))
     return out
 
 
@@ -188,6 +214,9 @@ def run_metrics(run_dir: str | Path, metric: str) -> dict[str, Any]:
                                  "interval95": [100.0 * float(v) for v in e["interval95"]]}
                           for name, e in evaluations.items()
                           if metric == "test_accuracy" and e.get("round") == summary.get("rounds")}
+    stuck = stuck_curve(history, saved.get("dataset") or summary.get("dataset"))
+    out["stuck_rounds"] = [r for r, s in stuck if s]
+    out["stuck_final"] = dict(stuck).get(final_round) if stuck else None
     sync = summary.get("final_sync")
     if isinstance(sync, Mapping) and metric in sync and sync[metric] is not None:
         out["final_sync"] = 100.0 * float(sync[metric])
@@ -235,9 +264,29 @@ def welch(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> dict[s
     return {"diff": diff, "low": low, "high": high, "df": df, "n": [len(a), len(b)], "verdict": verdict}
 
 
+def paired(a: Mapping[Any, float], b: Mapping[Any, float], level: float = 0.95) -> dict[str, Any] | None:
+    """The paired-t interval for mean(a − b) over the seeds both rows ran (``{seed: value}``).
+
+    The rows of one seed share its partition and client sampling, so pairing by seed removes
+    that part of the spread; None with fewer than two common seeds. ``verdict`` as :func:`welch`."""
+    from scipy.stats import t as student_t
+
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return None
+    d = [float(a[s]) - float(b[s]) for s in seeds]
+    diff, se = statistics.fmean(d), statistics.stdev(d) / len(d) ** 0.5
+    half = float(student_t.ppf(0.5 + level / 2, len(d) - 1)) * se
+    low, high = diff - half, diff + half
+    verdict = "ahead" if low > 0 else "behind" if high < 0 else "not distinguishable"
+    return {"diff": diff, "low": low, "high": high, "df": len(d) - 1, "n": [len(d), len(d)], "seeds": seeds,
+            "test": "paired", "verdict": verdict}
+
+
 def ordering(cells: Sequence[Mapping[str, Any]], stat: str) -> dict[str, Any]:
     """Whether our ranking of the rows agrees with the paper's, pair by pair, in one column, and
-    for each pair Welch's 95% interval of our difference over the seeds (:func:`welch`).
+    for each pair the 95% interval of our difference over the seeds: paired by seed
+    (:func:`paired`) where the two rows share at least two seeds, else Welch's (:func:`welch`).
 
     Rows enter with a numeric paper value and a result; pairs the paper ties are left out.
     """
@@ -250,8 +299,12 @@ def ordering(cells: Sequence[Mapping[str, Any]], stat: str) -> dict[str, Any]:
                 continue
             pairs += 1
             ours_hi, ours_lo = hi["stats"][stat]["mean"], lo["stats"][stat]["mean"]
-            seeds = [[r[stat] for r in c["runs"] if r.get("status") == "completed" and r.get(stat) is not None] for c in (hi, lo)]
-            test = welch(*seeds)
+            by_seed = [{r["seed"]: r[stat] for r in c["runs"] if r.get("status") == "completed" and r.get(stat) is not None}
+                       for c in (hi, lo)]
+            # paired by seed where both rows ran at least two common seeds; Welch's otherwise
+            test = paired(*by_seed) or welch(*(list(x.values()) for x in by_seed))
+            if test is not None:
+                test.setdefault("test", "welch")
             if test is not None:
                 tests.append({"paper_higher": hi["row"], "paper_lower": lo["row"], **test})
             if not ours_hi > ours_lo:
@@ -307,6 +360,13 @@ def _collect_cell(table: Table, row_id: str, col_id: str, spec: RunSpec | None, 
     done = [r for r in res["runs"] if r["status"] == "completed"]
     for stat in STATS:
         res["stats"][stat] = summarize([r[stat] for r in done])
+    known = [r for r in done if r.get("stuck_final") is not None]
+    if any(r["stuck_final"] for r in known):
+        # a two-way outcome: the share of seeds still at one class, and the runs that trained apart
+        trained = [r for r in known if not r["stuck_final"]]
+        res["stuck"] = {"final": len(known) - len(trained), "n": len(known),
+                        "seeds": [r["seed"] for r in known if r["stuck_final"]],
+                        "trained": {stat: summarize([r[stat] for r in trained]) for stat in STATS}}
     unevaluated = [r for r in done if r["last10"] is None]
     if unevaluated:  # a mean over some seeds only would not be the cell's
         res["stats"]["last10"] = {"mean": None, "std": None, "n": 0, "na": unevaluated[0]["last10_na"]}

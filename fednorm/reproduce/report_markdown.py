@@ -91,6 +91,14 @@ def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
             f"{c['paper_display']} | {diffs} | {(st.get('final') or {}).get('n', 0) or '—'} | {_rounds_text(c)} | "
             f"{_pct(c.get('wall_seconds') or None, 1)} | {status.replace('|', '/')} |"
         )
+    stuck = [c for c in t["cells"] if c.get("stuck")]
+    if stuck:
+        lines += ["", "**Runs stuck at one class** (at least 99% of the test predictions in one class at the final "
+                  "evaluation; a two-way outcome, so these cells' mean ± std above mixes two populations): " + "; ".join(
+                      f"{c['row_label']} | {c['column_label']}: {c['stuck']['final']} of {c['stuck']['n']} seeds "
+                      f"({', '.join(map(str, c['stuck']['seeds']))}); the {c['stuck']['n'] - c['stuck']['final']} that "
+                      f"trained: final {_ms(c['stuck']['trained']['final'])}, best {_ms(c['stuck']['trained']['best'])}, "
+                      f"last-10 {_ms(c['stuck']['trained']['last10'])}" for c in stuck) + "."]
     if has_sync:
         lines += ["", "HBN's statistics-only round T+1 (`final_sync`), mean ± std: " + "; ".join(
             f"{c['row_label']} | {c['column_label']}: {_ms(c['stats']['final_sync'])}" for c in t["cells"] if "final_sync" in c["stats"])]
@@ -124,15 +132,19 @@ def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
     tests = [(col, x) for col in t["columns"] for x in t["ordering"][col["id"]].get("tests", [])]
     if tests:
         lines += ["", f"**Differences over seeds** (the {STAT_LABEL[t['compare'][0]]}; ours, the row the paper ranks "
-                  "higher minus the lower; Welch's 95% interval over the completed seeds; pairs with at least two seeds "
-                  "on each side):", "", "| column | paper: higher > lower | ours: difference (95% interval) | seeds | verdict |",
-                  "|---|---|---:|---|---|"]
+                  "higher minus the lower; 95% interval over the completed seeds, paired by seed where both rows ran "
+                  "at least two common seeds (a seed's rows share its partition and client sampling), Welch's "
+                  "otherwise; pairs with at least two seeds on each side):", "",
+                  "| column | paper: higher > lower | ours: difference (95% interval) | seeds | test | verdict |",
+                  "|---|---|---:|---|---|---|"]
         for col, x in tests:
             verdict = {"ahead": "the paper's order, beyond the seeds' spread",
                        "behind": "the reverse order, beyond the seeds' spread",
-                       "not distinguishable": f"not distinguishable at {x['n'][0]} and {x['n'][1]} seeds"}[x["verdict"]]
+                       "not distinguishable": (f"not distinguishable at {x['n'][0]} paired seeds" if x.get("test") == "paired"
+                                               else f"not distinguishable at {x['n'][0]} and {x['n'][1]} seeds")}[x["verdict"]]
             lines.append(f"| {col['label']} | {labels[x['paper_higher']]} > {labels[x['paper_lower']]} | "
-                         f"{x['diff']:+.2f} ({x['low']:+.2f} to {x['high']:+.2f}) | {x['n'][0]} / {x['n'][1]} | {verdict} |")
+                         f"{x['diff']:+.2f} ({x['low']:+.2f} to {x['high']:+.2f}) | {x['n'][0]} / {x['n'][1]} | "
+                         f"{x.get('test', 'welch')} | {verdict} |")
     if t["notes"]:
         lines += ["", "**Notes:**", ""] + [f"- {n}" for n in t["notes"]]
     if t.get("settings"):
