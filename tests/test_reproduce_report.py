@@ -384,3 +384,17 @@ def test_a_stuck_run_is_counted_apart_and_the_trained_runs_summarised_alone(conf
     old = [{"round": 10, "test_accuracy": 0.1}, {"round": 20, "test_accuracy": 0.1001}, {"round": 30}]
     assert stuck_curve(old, "cifar10") == [(10, True), (20, False)]
     assert stuck_curve(old, "mnist") == []  # its test classes are not equally frequent: unknown
+
+
+def test_runs_that_span_commits_or_a_dirty_tree_are_labelled(configs: Path, tmp_path: Path) -> None:
+    (table,) = load_paper("hbn", ["stat"], configs)
+    out = tmp_path / "out"
+    specs = {c: s for s in plan([table], scale="full", out=out) for c in s.cells}
+    for seed, commits in ((3, [("a" * 40, False)]), (4, [("b" * 40, False), ("c" * 40, True)])):
+        _write_run(specs[("a", "x")], seed, {100: 0.5}, rounds=100, eval_every=100, eval_last_rounds=0)
+        record = {"invocations": [{"commit": c, "dirty": dirty, "diff_sha256": "f" * 64 if dirty else None}
+                                  for c, dirty in commits]}
+        (specs[("a", "x")].dir.parent / f"seed{seed}" / runner.RECORD_NAME).write_text(json.dumps(record))
+    text = markdown(collect([table], scale="full", out=out))
+    line = next(x for x in text.splitlines() if x.startswith("**Runs not from one clean commit**"))
+    assert "seed 4 (bbbbbbbbbb, cccccccccc+dirty:ffffffff)" in line and "seed 3" not in line

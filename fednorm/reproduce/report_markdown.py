@@ -99,6 +99,14 @@ def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
                       f"({', '.join(map(str, c['stuck']['seeds']))}); the {c['stuck']['n'] - c['stuck']['final']} that "
                       f"trained: final {_ms(c['stuck']['trained']['final'])}, best {_ms(c['stuck']['trained']['best'])}, "
                       f"last-10 {_ms(c['stuck']['trained']['last10'])}" for c in stuck) + "."]
+    mixed = [(c, r) for c in t["cells"] for r in c["runs"]
+             if len(r.get("commits") or []) > 1 or any("+dirty" in v for v in r.get("commits") or [])]
+    if mixed:
+        lines += ["", "**Runs not from one clean commit** (trained across code versions or from an uncommitted tree; "
+                  "the code computes the same training, but a float32 run continued elsewhere is another draw: a rerun "
+                  "from one clean commit replaces it): " + "; ".join(
+                      f"{c['row_label']} | {c['column_label']} seed {r['seed']} ({', '.join(r['commits'])})" for c, r in mixed)
+                  + "."]
     if has_sync:
         lines += ["", "HBN's statistics-only round T+1 (`final_sync`), mean ± std: " + "; ".join(
             f"{c['row_label']} | {c['column_label']}: {_ms(c['stats']['final_sync'])}" for c in t["cells"] if "final_sync" in c["stats"])]
