@@ -1,9 +1,10 @@
 """Exception hierarchy of fednorm.
 
-Every error caused by a bad value derives from :class:`FednormError`, itself a
+Every error caused by bad input derives from :class:`FednormError`, itself a
 ``ValueError``, so callers can catch one type; the CLI prints these without a
-traceback. Missing or corrupt files raise :class:`DatasetError` (a
-``RuntimeError``, as torchvision does), and a run that blows up numerically raises
+traceback. Missing or corrupt data raise :class:`DatasetError`, a ``FednormError``
+that is also a ``RuntimeError`` (as torchvision raises for a missing dataset, so
+``except RuntimeError`` still catches it), and a run that blows up numerically raises
 :class:`DivergenceError`.
 """
 
@@ -43,8 +44,10 @@ class InconsistentUpdateError(FednormError):
     """Raised when client updates disagree in keys, shapes or dtypes."""
 
 
-class DatasetError(RuntimeError):
-    """Raised when a dataset is missing, truncated or fails its checksum."""
+class DatasetError(FednormError, RuntimeError):
+    """Raised when a dataset is missing, truncated or fails its checksum, or when data given from
+    Python does not fit together (shapes, labels, an empty test set). A :class:`FednormError`
+    like every bad input, and a ``RuntimeError`` as torchvision's missing-dataset error is."""
 
 
 class DivergenceError(RuntimeError):

@@ -147,12 +147,12 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     args.argv = list(argv)  # a run set records the command that continues it
     try:
         return handler(args)
-    except FednormError as exc:
-        print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except DatasetError as exc:  # bad or missing data is bad input too: nothing ran (issue 19)
+    except DatasetError as exc:  # bad or missing data is bad input too: nothing ran (issue 19); before FednormError, its base
         text = " ".join(str(exc).replace("You can use download=True to download it", "Pass --download true to download it").split())
         print(f"fednorm {args.command}: error: {text}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except FednormError as exc:
+        print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (DivergenceError, RoundFailedError, CheckpointError, RunWriteError) as exc:
         print(f"fednorm {args.command}: error: {exc}", file=sys.stderr)
