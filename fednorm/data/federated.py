@@ -188,7 +188,7 @@ class FederatedData:
         augment: bool = False,
         seed: int = 0,
     ) -> "FederatedData":
-        """Your clients' map-style ``torch.utils.data.Dataset``s as a federation, as
+        """Your clients' map-style ``torch.utils.data.Dataset`` objects as a federation, as
         :meth:`from_tensors` makes one: ``clients[k]`` yields client k's ``(x, y)`` samples, ``x``
         a float tensor (``C×H×W`` or ``F``) and ``y`` an integer label; ``test`` likewise (or a
         pair of tensors), or a list of one test dataset per client (each client's own test data,
