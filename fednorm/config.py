@@ -17,6 +17,7 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from .config_roles import FIELD_ROLES, USER_DATA_NOT_APPLICABLE, is_user_name
 from .errors import ConfigError
 
 __all__ = ["ExperimentConfig", "load_config", "format_validation_error", "MAX_ROUNDS"]
@@ -30,7 +31,10 @@ class ExperimentConfig(BaseModel):
 
     Field groups: data and partition, model and norm, method, local training, evaluation, run.
     Method-, norm- and model-specific options go in ``method_args``, ``norm_args`` and
-    ``model_args``; they are validated by the builder they are passed to.
+    ``model_args``; they are validated by the builder they are passed to. Each field's role
+    (data, model, training, evaluation, runtime, ...) is stated once in
+    :data:`fednorm.config_roles.FIELD_ROLES` (:meth:`role`); the lists of fields that decide
+    a run's data, may change on resume, or do not change results are derived from it.
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -237,6 +241,12 @@ class ExperimentConfig(BaseModel):
         description="evaluate the global model through torch.compile (the last batch padded, so one compilation): "
         "about 1.8x faster evaluations of Simple-CNN on CPU after a first one that compiles (about 20 s)",
     )
+    train_compile: bool = Field(
+        False,
+        description="train the stacked clients' model through torch.compile (vectorized and stacked executors): equal "
+        "to eager training to float rounding, not bit for bit; a first round that compiles; for GPUs, where it also "
+        "fuses the step's small kernels",
+    )
     eval_autocast: Literal["none", "bfloat16"] = Field(
         "none", description="evaluate under torch.autocast in bfloat16 (for GPUs and CPUs with bf16 units; slower on others)"
     )
@@ -424,8 +434,28 @@ class ExperimentConfig(BaseModel):
         base = self.lr_values[steps - 1] if self.lr_values and steps else lr * self.lr_gamma**steps
         return base * self.lr_decay ** (server_round - 1)
 
+    @staticmethod
+    def role(field: str) -> str:
+        """The role of ``field`` (:data:`fednorm.config_roles.ROLES`), e.g. ``"partition"`` for ``alpha``."""
+        return FIELD_ROLES[field]
+
+    def recorded(self) -> dict[str, Any]:
+        """The fields as a run records them (``config.yaml``, the loggers' parameters): all of
+        them, but for data given from Python (``dataset: user:NAME``) without the fields that did
+        not apply to it (:data:`~fednorm.config_roles.USER_DATA_NOT_APPLICABLE`: ``alpha``,
+        ``partition_args``, ``data_dir``, ``input_norm``, ...), so the record says only what ran."""
+        data = self.model_dump(mode="json")
+        if is_user_name(self.dataset):
+            for name in USER_DATA_NOT_APPLICABLE:
+                data.pop(name, None)
+        return data
+
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        text = yaml.safe_dump(self.recorded(), sort_keys=False)
+        if is_user_name(self.dataset):
+            text = (f"# dataset {self.dataset} was given from Python: {', '.join(USER_DATA_NOT_APPLICABLE)} did not apply "
+                    "to it and are left out\n" + text)
+        return text
 
 
 # Fields that hold a registry name, and the `fednorm list` argument that shows the valid ones.

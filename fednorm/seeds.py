@@ -225,7 +225,7 @@ def run_seeds(
             res = run(resume=d, **run_kwargs)
             result.stop_signal = getattr(res, "stop_signal", None)
         else:
-            res = run(ExperimentConfig(**{**base, "seed": seed, "out": str(d)}), **run_kwargs)
+            res = run(ExperimentConfig(**{**base, "seed": seed, "out": str(d)}), overwrite=True, **run_kwargs)  # unfinished
             result.stop_signal = getattr(res, "stop_signal", None)
         if not (d / "summary.json").is_file():
             continue  # stopped before it started

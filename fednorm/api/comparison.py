@@ -13,11 +13,12 @@ import torch
 from torch import nn
 
 from ..config import ExperimentConfig, load_config
+from ..config_roles import DATA_OBJECT_FIELDS
 from ..data.federated import FederatedData
 from ..engine.simulator import Simulation
 from ..errors import FednormError
 from ..models.user import UserModel
-from .inputs import check_data_type, check_device, record_data, record_model, resolve_config, split_model
+from .inputs import check_data_fields, check_data_type, check_device, record_data, record_model, resolve_config, split_model
 from .resume import RESUMABLE_OVERRIDES, check_resumable
 from .runs import RunResult, run
 from .stop import StopRequest
@@ -166,7 +167,8 @@ def plan_variants(base: ExperimentConfig, variants: Sequence[Mapping[str, Any]],
     """Each variant's label and full config (run directory under ``root``), every one validated
     (fields, registry names, device; with a user's ``model``, that it converts for the variant's
     norm and method): a typo in the last variant is reported before the first trains."""
-    from ..data.provenance import DATA_FIELDS, is_user_dataset
+    from ..config_roles import USER_DATA_FIELDS
+    from ..data.provenance import is_user_dataset
     from ..engine.simulator import check_names
     from ..errors import ConfigError
     from ..models.user import is_user_model, method_norm
@@ -186,7 +188,7 @@ def plan_variants(base: ExperimentConfig, variants: Sequence[Mapping[str, Any]],
         if is_user_model(base.model) and ({"model", "model_args"} & set(variant)):
             raise ConfigError(f"variant {label}: every variant trains the model given as model=; leave model and "
                               "model_args out of the variants (compare another model in its own comparison)")
-        changed = sorted(k for k in variant if k in DATA_FIELDS and k != "seed")
+        changed = sorted(k for k in variant if k in USER_DATA_FIELDS)
         if is_user_dataset(base.dataset) and changed:
             raise ConfigError(f"variant {label}: every variant trains on the data given as data=; it cannot change "
                               f"{', '.join(changed)}")
@@ -258,6 +260,7 @@ def compare(
         else:
             base = resolve_config(config, **overrides)
             if data is not None:
+                check_data_fields(base, data)
                 base = record_data(base, data)
             if user is not None:
                 base = record_model(base, user)
@@ -330,8 +333,7 @@ def _compare(base: ExperimentConfig, planned: list[tuple[str, ExperimentConfig]]
     interrupted: str | None = None
     stop_signal: int | None = None
     data = None
-    data_keys = ("dataset", "dataset_args", "data_dir", "partition", "alpha", "classes_per_client", "gamma", "min_size",
-                 "partition_args", "num_clients", "seed", "augment", "input_norm", "dtype", "device")
+    data_keys = DATA_OBJECT_FIELDS
     with StopRequest() as stop:  # a signal between two variants stops too
         for label, cfg in planned:
             if stop.signal is not None:
@@ -349,7 +351,8 @@ def _compare(base: ExperimentConfig, planned: list[tuple[str, ExperimentConfig]]
                 keep = {k: getattr(cfg, k) for k in RESUMABLE_OVERRIDES if k != "out" and getattr(cfg, k) is not None}
                 result = run(resume=cfg.out, model=user, data=given, progress=progress, on_round=on_round, **keep)
             else:
-                result = run(cfg, model=user, data=given, write=root is not None, progress=progress, on_round=on_round)
+                result = run(cfg, model=user, data=given, write=root is not None, progress=progress, on_round=on_round,
+                             overwrite=True)  # the comparison owns its variants' directories
             if same_data:
                 data = result.simulation.data
             if result.summary.get("status") == "interrupted":

@@ -13,7 +13,7 @@ from ..config import ExperimentConfig, load_config
 from ..data.federated import FederatedData
 from ..models.user import UserModel
 
-__all__ = ["resolve_config", "check_device", "check_data_type", "split_model", "record_data", "record_model"]
+__all__ = ["resolve_config", "check_device", "check_data_type", "split_model", "record_data", "check_data_fields", "record_model"]
 
 
 def resolve_config(config: ExperimentConfig | Mapping[str, Any] | str | Path | None = None, **overrides: Any) -> ExperimentConfig:
@@ -85,15 +85,52 @@ def split_model(config: Any, overrides: dict[str, Any], model: Any) -> tuple[Any
 def record_data(cfg: ExperimentConfig, data: FederatedData) -> ExperimentConfig:
     """``cfg`` recording what ``data`` is: unchanged when ``data`` was built from ``cfg``'s data
     fields, else ``dataset``/``partition`` ``user:NAME`` with its description and fingerprint
-    (:mod:`fednorm.data.provenance`), so the run never claims to have trained on the config's dataset."""
+    (:mod:`fednorm.data.provenance`), its client count and its own augmentation flag, so the run
+    never claims to have trained on the config's dataset. The data fields that do not apply to
+    such data are left at their defaults (:meth:`ExperimentConfig.recorded` leaves them out of
+    ``config.yaml``); :func:`check_data_fields` refuses them set beside it."""
+    from ..config_roles import USER_DATA_NOT_APPLICABLE
     from ..data.provenance import USER_PREFIX, data_name, data_recipe, describe_data
 
     if data.recipe is not None and data.recipe == data_recipe(cfg):
         return cfg
     tag = f"{USER_PREFIX}:{data_name(data)}"
-    recorded = cfg.model_copy(update={"dataset": tag, "partition": tag, "dataset_args": describe_data(data),
-                                      "num_clients": data.num_clients, "partition_args": {}, "data_dir": None})
+    defaults = {k: ExperimentConfig.model_fields[k].get_default(call_default_factory=True) for k in USER_DATA_NOT_APPLICABLE}
+    recorded = cfg.model_copy(update={**defaults, "dataset": tag, "partition": tag, "dataset_args": describe_data(data),
+                                      "num_clients": data.num_clients, "augment": bool(data.augment)})
     return load_config(None, recorded.model_dump())  # validated: the name is spelled as config.yaml reads it back
+
+
+def check_data_fields(cfg: ExperimentConfig, data: FederatedData) -> None:
+    """Refuse, in one line, data fields set beside data that was not built from them: ``data=``
+    fixes the samples, the clients' splits and the augmentation, so ``dataset``, ``partition``,
+    ``alpha``, ``num_clients``, ``augment``, ``data_dir``, ... would be recorded without having
+    applied (:data:`fednorm.config_roles.USER_DATA_FIELDS`). A field left at its default, or
+    equal to what the data has (its client count, its augmentation), is fine.
+
+    Raises:
+        ConfigError: such a field is set to anything else.
+    """
+    from ..config_roles import USER_DATA_FIELDS, is_user_name
+    from ..data.provenance import data_recipe
+    from ..errors import ConfigError
+
+    if is_user_name(cfg.dataset) or (data.recipe is not None and data.recipe == data_recipe(cfg)):
+        return  # already recorded (a comparison's variant), or built from these very fields
+    fields = ExperimentConfig.model_fields
+    same = {"num_clients": data.num_clients, "augment": bool(data.augment)}
+    bad = [k for k in USER_DATA_FIELDS
+           if getattr(cfg, k) != fields[k].get_default(call_default_factory=True) and getattr(cfg, k) != same.get(k, object())]
+    if not bad:
+        return
+    given = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in bad)
+    if bad == ["augment"]:
+        raise ConfigError(f"augment={cfg.augment!r} does not apply to data given as data= (it has augment={bool(data.augment)}): "
+                          f"the data carries its own augmentation; build it with FederatedData.from_tensors(..., "
+                          f"augment={cfg.augment!r}) (or from_datasets) and leave augment out")
+    raise ConfigError(f"{given} {'does' if len(bad) == 1 else 'do'} not apply to data given as data=: its samples, clients and splits are fixed "
+                      f"(FederatedData.from_tensors/from_datasets, augment there too); leave "
+                      f"{'it' if len(bad) == 1 else 'them'} out, or leave data out to build the data from the config")
 
 
 def record_model(cfg: ExperimentConfig, user: UserModel) -> ExperimentConfig:

@@ -7,15 +7,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..config import ExperimentConfig
+from ..config_roles import RESUMABLE_FIELDS
 from ..data.federated import FederatedData
 from ..models.user import UserModel
 from .inputs import record_data, resolve_config
 
 __all__ = ["RESUMABLE_OVERRIDES", "check_resumable", "model_for_resume", "data_for_resume", "lr_restart", "base_lr"]
 
-# Settings that may change when a run is resumed; every other field must match the checkpoint.
-RESUMABLE_OVERRIDES = ("rounds", "eval_every", "eval_last_rounds", "eval_batch_size", "checkpoint_every", "threads", "out", "device",
-                       "log", "log_args", "diagnostics")  # diagnostics measure, they do not change training
+# Settings that may change when a run is resumed (how long, what is measured, where it runs and
+# writes: fednorm/config_roles.py); every other field must match the checkpoint.
+RESUMABLE_OVERRIDES = RESUMABLE_FIELDS
 
 
 def check_resumable(cfg: ExperimentConfig, saved: Mapping[str, Any], run_dir: Path) -> None:

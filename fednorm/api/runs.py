@@ -28,6 +28,7 @@ def run(
     simulation: Callable[..., Simulation] = Simulation,
     on_round: Callable[[Any, Simulation], None] | None = None,
     callbacks: Sequence[Any] = (),
+    overwrite: bool = False,
     **overrides: Any,
 ) -> RunResult:
     """Run one federated experiment, or resume one from its run directory.
@@ -60,7 +61,15 @@ def run(
         callbacks: :class:`fednorm.tracking.Callback` objects (or ``f(record, sim)`` functions)
             whose hooks see the run start, every round and the end; the config's ``log`` adds
             its loggers (TensorBoard, MLflow, W&B) to them.
+        overwrite: start again in an ``out`` that already holds a run, deleting that run's files
+            (config, metrics, checkpoints, plots, ``report/``, logger folders) first; without it
+            such a directory is refused, as ``fednorm run`` refuses it without ``--overwrite``.
         **overrides: config fields, e.g. ``rounds=5``.
+
+    Raises:
+        ConfigError: ``out`` already holds a run (continue it with ``resume=``, pass
+            ``overwrite=True``, or another ``out``); settings that do not apply to ``data``
+            given beside it (``alpha``, ``partition``, ``augment``, ...).
 
     A first SIGINT/SIGTERM stops the run after the current round with a checkpoint
     (``summary["status"] == "interrupted"``, the signal in ``RunResult.stop_signal``); a second
@@ -69,7 +78,8 @@ def run(
     import contextlib
 
     with contextlib.ExitStack() as held:
-        opened = open_run(config, model=model, data=data, write=write, resume=resume, held=held, overrides=overrides)
+        opened = open_run(config, model=model, data=data, write=write, resume=resume, held=held, overrides=overrides,
+                          existing="overwrite" if overwrite else "refuse")
         # The handler is in place before the data load (minutes for a large dataset), so a SIGTERM
         # then still ends in an interrupted run with a checkpoint rather than a killed process.
         with StopRequest() as stop:

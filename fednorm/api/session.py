@@ -23,7 +23,7 @@ from ..engine.outputs import RunWriter, default_run_dir
 from ..engine.simulator import RoundRecord, Simulation
 from ..errors import ConfigError, DivergenceError, RoundFailedError, RunWriteError
 from ..models.user import UserModel
-from .inputs import check_data_type, check_device, record_data, record_model, resolve_config, split_model
+from .inputs import check_data_fields, check_data_type, check_device, record_data, record_model, resolve_config, split_model
 from .resume import RESUMABLE_OVERRIDES, base_lr, check_resumable, data_for_resume, lr_restart, model_for_resume
 
 __all__ = ["RunResult", "RunSession", "OpenedRun", "open_run"]
@@ -104,10 +104,15 @@ class OpenedRun:
 
 
 def open_run(config: Any, *, model: Any, data: FederatedData | None, write: bool, resume: str | Path | None,
-             held: contextlib.ExitStack, overrides: dict[str, Any], checkpoint_round: int | None = None) -> OpenedRun:
+             held: contextlib.ExitStack, overrides: dict[str, Any], checkpoint_round: int | None = None,
+             existing: str = "keep") -> OpenedRun:
     """Resolve a new run's config, or a resumed run's from its directory and checkpoint, and take
     its directory's lock into ``held``. ``checkpoint_round``: resume from the checkpoint of that
-    round (the latest or the previous one), so that a set's runs continue from one round."""
+    round (the latest or the previous one), so that a set's runs continue from one round.
+    ``existing``: what a new run does with a directory that already holds a run: ``"refuse"``
+    (:func:`fednorm.run`'s default, the CLI's rule), ``"overwrite"`` (delete its run files
+    first, as ``--overwrite``), or ``"keep"`` (write over it: a caller that owns the directory,
+    such as a run set, has decided)."""
     from ..engine.checkpoint import load_latest
 
     check_data_type(data)
@@ -116,6 +121,7 @@ def open_run(config: Any, *, model: Any, data: FederatedData | None, write: bool
     if resume is None:
         cfg = resolve_config(config, **overrides)
         if data is not None:
+            check_data_fields(cfg, data)
             cfg = record_data(cfg, data)
         if user is not None:
             cfg = record_model(cfg, user)
@@ -123,6 +129,8 @@ def open_run(config: Any, *, model: Any, data: FederatedData | None, write: bool
             out = Path(cfg.out) if cfg.out else default_run_dir(cfg)
             cfg = cfg.model_copy(update={"out": str(out)})
             held.enter_context(writer_lock(out, "run"))
+            if existing != "keep" and _writes():
+                _check_earlier_run(out, overwrite=existing == "overwrite")
         return OpenedRun(cfg, None, user, write)
     run_dir = Path(resume)
     if not (run_dir / "config.yaml").is_file():
@@ -165,14 +173,30 @@ def _what_is_there(path: Path) -> str:
             f"all, {how}; to continue one, fednorm run --resume {path / members[0]}")
 
 
+def _writes() -> bool:
+    """Whether this process writes the run directory: a torch.distributed rank other than 0 does not."""
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank() != 0)
+
+
 def writer_lock(path: Path, purpose: str, hint: str | None = None) -> Any:
     """The run directory's lock (:mod:`fednorm.engine.runlock`), taken by the process that writes:
     a torch.distributed rank other than 0 writes nothing and takes none."""
     from ..engine.runlock import run_lock
 
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+    if not _writes():
         return contextlib.nullcontext()
     return run_lock(path, purpose, hint)
+
+
+def _check_earlier_run(out: Path, *, overwrite: bool) -> None:
+    """The CLI's rule for a new run's directory (:func:`fednorm.cli.rundir.check_run_dir`), from
+    Python: a directory holding a run is refused unless ``overwrite``, which deletes that run's
+    files first (its ``report/`` too), so nothing of the earlier run is left beside the new one."""
+    from ..cli import rundir
+
+    rundir.check_run_dir(out, overwrite=overwrite, python=True)
+    if overwrite and rundir.holds_run(out):
+        rundir.clear_run(out)
 
 
 class RunSession:
@@ -210,6 +234,7 @@ class RunSession:
         self.again = again  # the command that continues the run's set, when it is one run of a set
         self.config = cfg
         self.bar: Any = None
+        self.exploded: dict[str, float] | None = None  # the first round whose train loss blew up (finite)
 
     # -- phases -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -261,6 +286,7 @@ class RunSession:
 
         cfg = self.config
         self.bar.update(1)
+        self._check_loss(record)
         post = {"loss": f"{record.train_loss:.3f}"}
         if record.metrics:
             post["acc"] = f"{100 * record.metrics['test_accuracy']:.1f}"
@@ -272,6 +298,22 @@ class RunSession:
         call_all(self.hooks, "on_round_end", record, self.sim)
         if self.write and cfg.checkpoint_every and self.sim.server_round % cfg.checkpoint_every == 0:
             self.checkpoint_now()
+
+    def _check_loss(self, record: RoundRecord) -> None:
+        """Warn once when the training loss explodes but stays finite (``lr=50``: 1.8e11 and a
+        completed run): only NaN/Inf or weights beyond :data:`BLOWN_UP` stop a run, so without
+        this its accuracies would read as those of a run that trained."""
+        import math
+        import warnings
+
+        loss = record.train_loss
+        if self.exploded is not None or not math.isfinite(loss) or loss <= EXPLODED_LOSS:
+            return
+        self.exploded = {"round": record.server_round, "train_loss": loss}
+        warnings.warn(f"{self.config.method}+{self.config.norm}: the training loss is {loss:.3g} at round "
+                      f"{record.server_round} (above {EXPLODED_LOSS:g}: the training has blown up, though it stays "
+                      f"finite); its accuracies are not meaningful: lower the learning rate (--lr "
+                      f"{base_lr(self.config) / 10:g}) or clip gradients (--max-grad-norm)", RuntimeWarning, stacklevel=2)
 
     def fail(self, exc: BaseException) -> None:
         """End the run on a failure of its own (a divergence, a lost round, a full disk)."""
@@ -318,6 +360,8 @@ class RunSession:
         final = sim.method.final_state(sim) if status == "completed" else None
         summary = sim.summary()
         summary["status"] = status
+        if self.exploded is not None:  # the run says so too (summary.json), not only the warning
+            summary["train_loss_exploded"] = self.exploded
         if final is not None:  # e.g. HBN's statistics-only round T+1
             res = sim.evaluate(final)
             summary["final_sync"] = {k: res.get(k) for k in ("test_accuracy", "test_loss", "mean_client_accuracy")}
@@ -375,6 +419,11 @@ def check_outputs(sim: Simulation) -> None:
         raise ConfigError(f"model '{name}' returns {shape} for a batch of {len(x)} samples; the data has {k} classes, so it "
                           f"must return logits of shape ({len(x)}, {k})")
 
+
+#: A finite training loss above this has blown up: cross-entropy is about ln(classes) (2.3 for 10)
+#: at the start and falls from there, and each unit of it is a logit off by about as much, so a
+#: loss of 1000 means logits wrong by hundreds (``lr=50`` on the digits reaches 1e5 to 1e11).
+EXPLODED_LOSS = 1e3
 
 #: A checkpoint whose weights or statistics exceed this (in absolute value) is on its way to a
 #: divergence: healthy weights are O(1-100) and BatchNorm variances of normalised inputs far below;

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import yaml
 
 from ..config import ExperimentConfig
+from ..config_roles import RECORDED_FIELDS
 from ..errors import ConfigError
 
 __all__ = [
@@ -30,7 +31,7 @@ __all__ = [
 
 # Config fields a run records about itself rather than options a user sets (`fednorm run --resume
 # RUN --lr X` after a divergence appends to lr_restarts).
-_RECORDED_FIELDS = ("lr_restarts",)
+_RECORDED_FIELDS = RECORDED_FIELDS
 
 
 def _bool(text: str) -> bool:

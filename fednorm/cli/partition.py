@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ExperimentConfig
+from ..config_roles import fields_with_role
 from .common import add_config_options, config_from
 
 __all__ = ["add_parser", "command"]
@@ -19,8 +20,7 @@ def add_parser(sub: Any) -> None:
     p_part.add_argument("--plot", type=Path, help="write the histogram plot here (PNG)")
     add_config_options(
         p_part,
-        skip=[n for n in ExperimentConfig.model_fields if n not in (
-            "dataset", "dataset_args", "data_dir", "download", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args", "num_clients", "seed")],
+        skip=[n for n in ExperimentConfig.model_fields if n not in fields_with_role("data", "data_source", "partition", "seed")],
     )
 
 

@@ -82,7 +82,8 @@ def run_command(args: argparse.Namespace, *, simulation: Any = None, quiet: bool
                     out = Path(cfg.out)  # type: ignore[arg-type]
                 else:
                     cfg = config_from(args)
-                result = run(cfg, progress=progress, simulation=simulation, on_round=on_round)
+                result = run(cfg, progress=progress, simulation=simulation, on_round=on_round,
+                             overwrite=True)  # fresh_run_config applied the CLI's rule (and --overwrite) already
     except KeyboardInterrupt as exc:
         # A second SIGINT/SIGTERM stops the run mid-round; its last checkpoint stands: say how to go
         # on from it (main.py's bare "interrupted" named no command, issue 50).

@@ -21,7 +21,7 @@ __all__ = ["RUN_FILES", "shown", "check_existing_run", "holds_run", "describe_ru
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "checkpoint.prev.pt", "final_model.pt", "accuracy.png",
              "analysis.json", "partition.json", ".mlflow_run_id", "diagnostics.png")
 #: Folders a run's loggers write (``--log tensorboard,wandb``): stale events would mix with new ones.
-RUN_FOLDERS = ("tensorboard", "wandb")
+RUN_FOLDERS = ("tensorboard", "wandb", "report")  # report/: `fednorm report RUN`'s default output, of the earlier run
 _EVIDENCE = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "checkpoint.prev.pt")
 
 
@@ -141,16 +141,21 @@ def check_existing_run(path: str | Path, command: str, writes: str, verb: str | 
         pass
 
 
-def check_run_dir(path: str | Path, *, overwrite: bool, command: str = "fednorm run") -> None:
-    """Refuse a directory that holds an earlier run unless ``overwrite``; check it is writable."""
+def check_run_dir(path: str | Path, *, overwrite: bool, command: str = "fednorm run", python: bool = False) -> None:
+    """Refuse a directory that holds an earlier run unless ``overwrite``; check it is writable.
+    ``python``: the advice in :func:`fednorm.run`'s terms (``resume=``, ``overwrite=True``, ``out``)."""
     p = Path(path)
-    check_writable(p)
+    option = "out" if python else "--out"
+    check_writable(p, option)
     if not holds_run(p) and holds_comparison(p):  # one run's files would mix with a set's (its plot, its report)
         members = sorted(c.name for c in p.iterdir() if c.is_dir() and holds_run(c))
         what = f"runs {', '.join(members[:3])}{', ...' if len(members) > 3 else ''}" if members else "a comparison's table"
         raise ConfigError(f"{p} holds a set of runs ({what}: a comparison or a run per seed); a single run needs a "
-                          "directory of its own: pass another --out")
+                          f"directory of its own: pass another {option}")
     if holds_run(p) and not overwrite:
+        if python:
+            raise ConfigError(f"{p} already holds {describe_run(p)}; continue it with fednorm.run(resume={str(p)!r}) (with "
+                              f"rounds=N to extend it), start it again with overwrite=True, or pass another out")
         raise ConfigError(
             f"{p} already holds {describe_run(p)}; continue it with `{command} --resume {p}` (with --rounds N to "
             f"extend it), start it again with --overwrite, or pass another --out"

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from ..config_roles import SPLIT_FIELDS
 from ..errors import PartitionError
 from .datasets import DatasetInfo, dataset_to_tensors, load_dataset
 from .partition import client_domains, label_histogram, partition, split_by_domain, split_like
@@ -453,7 +454,7 @@ def crop_fill_values(config: object, data: FederatedData) -> tuple[float, ...] |
 
 
 #: Recipe fields a repartition may change: they decide only which client holds which sample.
-_SPLIT_FIELDS = ("partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args", "num_clients", "seed")
+_SPLIT_FIELDS = SPLIT_FIELDS
 
 
 def repartition(data: FederatedData, config: object) -> FederatedData | None:

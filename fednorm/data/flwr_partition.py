@@ -15,13 +15,15 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..config_roles import PARTITION_FIELDS
 from ..errors import ConfigError, PartitionError
 
 __all__ = ["flwr_partitioner", "FLWR_EXTRA"]
 
 FLWR_EXTRA = "flwr: partitions need flwr-datasets: pip install 'fednorm[hf]' (or pip install flwr-datasets)"
-# config fields every partition receives; passed on only where the Flower partitioner takes them
-_CONFIG_FIELDS = {"alpha", "classes_per_client", "gamma", "min_size", "domains", "domain_names"}
+# what every partition receives (its config fields, and what multi-source data supplies: partition._DATA_ARGS);
+# passed on only where the Flower partitioner takes them
+_CONFIG_FIELDS = {*PARTITION_FIELDS, "domains", "domain_names"}
 _INDEX = "__fednorm_index"
 
 

@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..config_roles import PARTITION_FIELDS
 from ..errors import PartitionError
 from ..registry import normalize_name
 from .partition_base import (
@@ -101,7 +102,7 @@ def _keyword_params(fn: Partitioner) -> tuple[dict[str, inspect.Parameter], bool
 
 
 # Config fields of their own (ExperimentConfig), always forwarded; never keys of partition_args.
-_CONFIG_FIELDS = ("alpha", "classes_per_client", "gamma", "min_size")
+_CONFIG_FIELDS = PARTITION_FIELDS
 # Supplied by the dataset (multi-source data), never by the user.
 _DATA_ARGS = ("domains", "domain_names")
 

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import torch
 
+from ..config_roles import DATA_FIELDS, USER_PREFIX, is_user_name
 from ..errors import DatasetError
 
 
@@ -38,10 +39,8 @@ class FederatedData(Protocol):
 __all__ = ["USER_PREFIX", "DATA_FIELDS", "data_recipe", "fingerprint", "describe_data", "is_user_dataset",
            "user_data_error"]
 
-USER_PREFIX = "user"
-#: The config fields that decide a run's client data (``data_dir`` says only where it is).
-DATA_FIELDS = ("dataset", "dataset_args", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args",
-               "num_clients", "seed", "augment", "input_norm")
+# USER_PREFIX and DATA_FIELDS (the config fields that decide a run's client data; ``data_dir`` says
+# only where it is) come from the fields' roles in fednorm/config_roles.py.
 
 
 def data_recipe(config: Any) -> dict[str, Any]:
@@ -50,7 +49,7 @@ def data_recipe(config: Any) -> dict[str, Any]:
 
 
 def is_user_dataset(name: str) -> bool:
-    return name.split(":", 1)[0].strip().lower() == USER_PREFIX and ":" in name
+    return is_user_name(name)
 
 
 def fingerprint(data: FederatedData) -> str:

@@ -19,13 +19,22 @@ import torch
 from .evaluation import evaluate
 from .last_rounds import last10_fields
 
-__all__ = ["evaluate_simulation", "evaluate_global_model", "domain_record", "simulation_summary"]
+__all__ = ["evaluate_simulation", "evaluate_global_model", "domain_record", "simulation_summary", "CLIENT_WEIGHTING"]
+
+#: How the summary's accuracies weigh clients (``summary.json["client_weighting"]``).
+CLIENT_WEIGHTING = ("mean_client_accuracy: unweighted mean over the clients with test data, each counting once whatever "
+                    "its test size (as FedBN reports it); test_accuracy: pooled, each test sample counting once")
 
 
 def evaluate_simulation(sim: Any, state: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """:meth:`Simulation.evaluate <fednorm.engine.simulator.Simulation.evaluate>`: the global
     model's test accuracy and loss (per client's own model for a personalized method) and each
-    client's accuracy on its own test split."""
+    client's accuracy on its own test split.
+
+    ``mean_client_accuracy`` is the unweighted mean of those accuracies over the clients with
+    test data: each client counts once whatever its test size (a client with one test sample
+    weighs as much as one with a thousand), as FedBN reports its per-client mean; the pooled
+    ``test_accuracy`` counts each test sample once. :data:`CLIENT_WEIGHTING` says so in the summary."""
     data = sim.data
     start = time.perf_counter()
     if state is None:
@@ -117,6 +126,7 @@ def simulation_summary(sim: Any) -> dict[str, Any]:
         # the mean over rounds R-9..R, None unless each was evaluated, and the rounds it covers (issue 50)
         **last10_fields(sim.history, sim.server_round),
         "final_mean_client_accuracy": last.get("mean_client_accuracy"),
+        "client_weighting": CLIENT_WEIGHTING,
         "final_client_accuracies": last.get("client_accuracies"),
         "final_domain_accuracies": last.get("domain_accuracies"),
         "client_sources": (  # feature shift: the data source of each client

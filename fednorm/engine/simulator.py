@@ -68,7 +68,22 @@ def check_names(config: ExperimentConfig) -> None:
         try:
             registry.get_builder(value)
         except ValueError as exc:
-            raise ConfigError(f"{field_name}: {exc}") from None
+            raise ConfigError(f"{field_name}: {_optimizer_hint(value, field_name) or exc}") from None
+
+
+def _optimizer_hint(value: str, field_name: str) -> str | None:
+    """For a method name that is a client or server optimizer (FedProx, SCAFFOLD, FedAdam...),
+    where it goes instead: optimizers compose with a method rather than replace it."""
+    from ..optim import CLIENT_OPTIMIZERS, SERVER_OPTIMIZERS
+
+    if field_name != "method" or value == "none":
+        return None
+    for registry, option in ((CLIENT_OPTIMIZERS, "client_opt"), (SERVER_OPTIMIZERS, "server_opt")):
+        if value in registry:
+            kind = "a client optimizer" if option == "client_opt" else "a server optimizer"
+            return (f"'{value}' is {kind}, composed with a method: use method='fedavg', {option}='{value}' "
+                    f"(--method fedavg --{option.replace('_', '-')} {value}), or with fedbn, hbn, ... as the method")
+    return None
 
 
 def _round_failure(server_round: int, answered: int, sampled: int, min_clients: int, events: list[dict[str, Any]],
@@ -276,6 +291,7 @@ class Simulation:
             return SequentialExecutor(*args)
         try:
             executor = VectorizedExecutor(*args, max_clients=cfg.max_parallel_clients)
+            executor.compile_step = cfg.train_compile
             if lockstep and one_by_one is not None:
                 # The synchronised steps need the stacked model; the rest need not.
                 executor.sequential_after_sync = True

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 
 from ..config import ExperimentConfig
+from ..config_roles import NODE_IRRELEVANT_FIELDS
 
 __all__ = ["TRAIN", "EVALUATE", "QUERY", "BANK", "config_json", "config_key"]
 
@@ -33,7 +34,7 @@ QUERY = "query"  # a method's client query (HBN's "statistics")
 BANK = "query.bank"  # the clients' local state, for checkpoints and the summary
 
 # fields that do not change what a node computes
-_NODE_IRRELEVANT = ("out", "checkpoint_every", "eval_every", "rounds")
+_NODE_IRRELEVANT = NODE_IRRELEVANT_FIELDS
 
 
 def config_json(config: ExperimentConfig) -> str:

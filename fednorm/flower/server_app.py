@@ -85,7 +85,7 @@ def run_on_grid(grid: Grid, config: ExperimentConfig | None, *, num_nodes: int, 
     factory = simulation_factory(grid, nodes, timeout, secure=secure)
     if resume:
         return run(resume=resume, simulation=factory, progress=False, **dict(resume_overrides or {}))
-    return run(config, simulation=factory, write=write, progress=False)
+    return run(config, simulation=factory, write=write, progress=False, overwrite=True)  # as before: out is the app's
 
 
 def make_server_app(config: ExperimentConfig | None = None, *, num_nodes: int | None = None, write: bool = True,

@@ -19,14 +19,14 @@ from typing import Any, Iterable
 
 import yaml
 
+from ..config_roles import NOT_RESULT_FIELDS
 from ..errors import ConfigError
 from ..seeds import SeedStats, summarize_seeds
 
 __all__ = ["Run", "Settings", "Variant", "describe_variants", "find_runs", "group_runs"]
 
 # Settings that do not change a run's results: runs differing only in these (and the seed) are one variant.
-NOT_RESULTS = ("seed", "out", "threads", "device", "log", "log_args", "checkpoint_every", "data_dir", "download",
-               "eval_batch_size", "max_parallel_clients", "executor", "channels_last")
+NOT_RESULTS = NOT_RESULT_FIELDS
 MAX_LABEL = 64  # characters a variant's label is shortened to when it can be: one line of a table cell or a legend
 MAX_LABEL_CUT = 96  # characters past which a label is cut (two lines of a table cell or a legend)
 MAX_VALUE = 20  # characters of one setting's value in a label that would be longer (the report lists it in full)

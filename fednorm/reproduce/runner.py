@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..config import load_config
+from ..config_roles import CACHE_IGNORED_FIELDS, DATA_OBJECT_FIELDS, fields_with_role
 from ..engine.runlock import LOCK_NAME as RUN_LOCK_NAME
 from ..engine.runlock import RunLockedError, describe_holder, is_locked, run_lock
 from ..errors import ConfigError, DatasetError
@@ -47,11 +48,13 @@ __all__ = [
 
 RECORD_NAME = "reproduce.json"
 # Fields that may differ between a cached run directory and the plan: where things are, how the
-# run is executed, and rounds (a longer plan extends a completed run; see run_state).
-IGNORED_FIELDS = ("out", "data_dir", "download", "threads", "device", "checkpoint_every", "eval_batch_size", "rounds", "eval_every", "eval_last_rounds")
-# Fields that decide the client data (api.compare's list), for reusing it between runs.
-DATA_KEYS = ("dataset", "data_dir", "partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args",
-             "num_clients", "seed", "augment", "input_norm", "dtype", "device")
+# run is executed and logged, and rounds (a longer plan extends a completed run; see run_state).
+IGNORED_FIELDS = CACHE_IGNORED_FIELDS
+# Fields that decide the client data object (api.compare's too), for reusing it between runs.
+DATA_KEYS = DATA_OBJECT_FIELDS
+# How a resumed or extended run is executed, evaluated and logged: the plan's, not the old record's
+# (its directory and its rounds are passed on their own).
+_PLAN_FIELDS = tuple(k for k in CACHE_IGNORED_FIELDS if k not in ("out", "rounds") and k not in fields_with_role("data_source"))
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
@@ -442,11 +445,10 @@ def _execute(spec: RunSpec, state: RunState, *, command: str, git: Mapping[str, 
             torch.set_num_threads(int(cfg["threads"]))
         data = _data_for(cfg)
         if state.action in ("resume", "extend"):
-            keep = {k: cfg[k] for k in ("threads", "device", "checkpoint_every", "eval_batch_size", "eval_every", "eval_last_rounds")
-                    if cfg.get(k) is not None}  # how the run is executed and evaluated: the plan's, not the old record's
+            keep = {k: cfg[k] for k in _PLAN_FIELDS if cfg.get(k) is not None}
             result = api.run(resume=spec.dir, data=data, progress=progress, rounds=cfg["rounds"], **keep)
         else:
-            result = api.run(cfg, data=data, progress=progress)
+            result = api.run(cfg, data=data, progress=progress, overwrite=True)  # run_state decided: a new run
     except (DivergenceError, RoundFailedError) as exc:
         result = exc
     finally:

@@ -18,13 +18,14 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
+from ..config_roles import EXECUTION_FIELDS
 from ..engine.runlock import RunLockedError, describe_holder, run_lock
 from .runner import Outcome, RunSpec, RunState, _append_record, _data_for, finish_invocation
 
 __all__ = ["stack_groups", "group_blockers", "execute_stacked"]
 
 # How a run is executed, not what it computes: may differ inside a group
-_EXECUTION_FIELDS = ("seed", "out", "threads", "checkpoint_every", "eval_batch_size")
+_EXECUTION_FIELDS = EXECUTION_FIELDS
 
 
 def _group_key(spec: RunSpec) -> str:

@@ -93,7 +93,7 @@ def norm_tensors(sim: Any) -> dict[str, torch.Tensor]:
 
 def flat_params(config: Any) -> dict[str, str]:
     """The config as flat string parameters (``norm_args.num_groups``), for MLflow and W&B."""
-    data = config.model_dump(mode="json")
+    data = config.recorded() if hasattr(config, "recorded") else config.model_dump(mode="json")
     out: dict[str, str] = {}
 
     def walk(prefix: str, value: Any) -> None:

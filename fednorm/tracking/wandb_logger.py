@@ -39,7 +39,7 @@ class WandbLogger(Callback):
             Path(where).mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=self.project, mode=self.mode, dir=where, reinit="create_new",
                               name=self.name or (run_dir.name if run_dir is not None else None),
-                              config=sim.config.model_dump(mode="json"), settings=wandb.Settings(silent=True))
+                              config=sim.config.recorded(), settings=wandb.Settings(silent=True))
 
     def on_round_end(self, record: Any, sim: Any) -> None:
         values: dict[str, float] = {**round_scalars(record), **(client_scalars(record) if record.metrics else {})}
