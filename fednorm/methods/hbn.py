@@ -129,6 +129,15 @@ class HBN(FedAvg):
         final_sync: run the statistics-only round T+1 after training (paper: True; the code has
             no such round: False).
         weighting: FedAvg weights. (default: "num_examples", as the code)
+        mix: how training mixes batch and global statistics (Eq. 9), for HBN's ablation (Table 6):
+            ``"learned"`` (the paper: the batch weight ``sigmoid(−alpha)`` is learnt per client),
+            ``"fixed"`` (alpha frozen at 0: a fixed 1:1 mix, Table 6 row 5), ``"global"`` (batch
+            weight 0: only the global statistics, row 3) or ``"batch"`` (batch weight 1: plain
+            BN in training, the global statistics at evaluation, row 4). (default: "learned")
+        pooling: how the server pools the clients' statistics (Eq. 8): ``"exact"`` (the paper:
+            within- plus between-client variance, Bessel's N − 1) or ``"mean"`` (the count-weighted
+            average of the local means and variances, no between-client term, no N − 1: Table 6
+            row 2). (default: "exact")
     """
 
     name = "hbn"
@@ -148,6 +157,9 @@ class HBN(FedAvg):
     # pool and average the pools while few have been taken (issue 17.3: the (0, 1) start held the
     # paper preset at 37% after 5 rounds on digits where FedAvg+BN reaches 84-90%).
     PRESETS["default"] = dict(PRESETS["paper"], stats_init="debiased", initial_pass=True)
+    #: alpha of the ablations' fixed mixes (``mix``): sigmoid(−alpha) is 0.5, exactly 0 or exactly 1
+    #: in float32 and float64 (exp(±1e4) under- or overflows), and alpha stays frozen there.
+    MIX_ALPHA: dict[str, float | None] = {"learned": None, "fixed": 0.0, "global": 1e4, "batch": -1e4}
 
     def __init__(
         self,
@@ -167,6 +179,8 @@ class HBN(FedAvg):
         eval_resync: bool | Literal["round", "all", "off"] = "round",
         final_sync: bool | None = None,
         weighting: Literal["num_examples", "uniform"] = "num_examples",
+        mix: Literal["learned", "fixed", "global", "batch"] = "learned",
+        pooling: Literal["exact", "mean"] = "exact",
     ) -> None:
         super().__init__(weighting=weighting)
         preset = str(preset).replace("_", "-")
@@ -189,7 +203,8 @@ class HBN(FedAvg):
                    "stats_samples": (stats_samples, ("all", "random", "first", "first_by_class")),
                    "upload": (upload, ("local", "hybrid")), "alpha_mode": (alpha_mode, ("local", "global_init")),
                    "stats_init": (stats_init, ("zeros_ones", "first_round", "debiased")),
-                   "bessel_count": (bessel_count, ("samples", "elements"))}
+                   "bessel_count": (bessel_count, ("samples", "elements")),
+                   "mix": (mix, tuple(self.MIX_ALPHA)), "pooling": (pooling, ("exact", "mean"))}
         for arg, (value, valid) in choices.items():
             if value not in valid:
                 raise ConfigError(f"Unknown value '{value}' for argument {arg}. Valid values are {{{', '.join(valid)}}}")
@@ -216,6 +231,8 @@ class HBN(FedAvg):
         self.stats_batch_size = stats_batch_size
         self.eval_resync = resync
         self.final_sync = bool(final_sync)
+        self.mix = mix
+        self.pooling = pooling
         self.layers: list[str] = []
         self._last_round_clients: list[int] = []
         self._initialised = False
@@ -228,6 +245,13 @@ class HBN(FedAvg):
         if not self.layers:
             raise ConfigError("method 'hbn' needs HBN layers: use norm 'hbn' (or convert_to_hybrid on your model)")
         self._alpha_keys = sorted(self.alpha_keys(model))
+        value = self.MIX_ALPHA[self.mix]
+        if value is not None:  # Table 6's fixed mixes: alpha set once and never trained
+            for m in model.modules():
+                if isinstance(m, HybridBatchNorm):
+                    with torch.no_grad():
+                        m.alpha.fill_(value)
+                    m.alpha.requires_grad_(False)
         super().setup(model)
 
     def alpha_keys(self, model: nn.Module) -> set[str]:
@@ -447,6 +471,9 @@ class HBN(FedAvg):
         count = extras[f"hbn.{name}.count"].reshape(-1)
         if float(count.sum()) < 2:
             return None
+        if self.pooling == "mean":  # Table 6 row 2: the plain weighted average of the local statistics
+            w = (count / count.sum()).unsqueeze(-1).to(extras[f"hbn.{name}.mean"].dtype)
+            return (w * extras[f"hbn.{name}.mean"]).sum(0), (w * extras[f"hbn.{name}.var"]).sum(0)
         _, mean, var = pooled_stats(count, extras[f"hbn.{name}.mean"], extras[f"hbn.{name}.var"], unbiased=True)
         return mean, var
 
@@ -598,6 +625,8 @@ class HBN(FedAvg):
             "initial_pass": self.initial_pass,
             "final_sync": self.final_sync,
             "eval_resync": self.eval_resync,
+            "mix": self.mix,
+            "pooling": self.pooling,
             "weighting": self.weighting,
         }
 

@@ -393,3 +393,62 @@ def test_default_hbn_learns_on_a_short_run_where_the_paper_preset_does_not():
     paper = api.run(norm="hbn", method="hbn", method_args={"preset": "paper"}, **common).summary["final_test_accuracy"]
     assert default > bn - 0.05
     assert paper < bn - 0.2
+
+
+@pytest.mark.parametrize("mix, weight", [("fixed", 0.5), ("global", 0.0), ("batch", 1.0)])
+def test_table6_fixed_mixes_keep_the_batch_weight_through_training(mix, weight):
+    """HBN Table 6 rows 3-5: the batch weight of Eq. 9 is held at 0.5, 0 or 1 in every client
+    after training (alpha frozen), while the learned mix moves away from 0.5. (lr 0.01: with
+    only the global statistics, lr 0.05 diverges in round 1 here, as FixBN's frozen phase can.)"""
+    sim = _sim(clients_per_round=4, lr=0.01, method_args={"mix": mix})
+    for _ in range(2):
+        sim.step()
+    keys = [k for k in sim.global_state if k.endswith("alpha")]
+    for c in sim.bank:
+        for k in keys:
+            w = torch.sigmoid(-sim.bank.get(c)[k])
+            assert torch.equal(w, torch.full_like(w, weight)), (mix, c, k)
+    learned = _sim(clients_per_round=4)
+    learned.step()
+    assert any(not torch.equal(torch.sigmoid(-learned.bank.get(c)[k]), torch.full_like(learned.bank.get(c)[k], 0.5))
+               for c in learned.bank for k in keys)
+
+
+def test_table6_global_only_mix_normalises_with_the_global_statistics_in_training():
+    """mix='global': a training-mode forward equals the eval-mode one (both use only the global
+    statistics); mix='batch': it equals plain BatchNorm with batch statistics."""
+    for mix, reference in (("global", "eval"), ("batch", "bn")):
+        sim = _sim(lr=0.01, method_args={"mix": mix})
+        sim.step()
+        model = sim.client_model(0)
+        x = sim.data.train_x[:32]
+        model.train()
+        train_out = model(x)
+        if reference == "eval":
+            model.eval()
+            torch.testing.assert_close(train_out, model(x), rtol=1e-10, atol=1e-12)
+        else:
+            from fednorm.nn.hbn import convert_to_batchnorm
+            bn = convert_to_batchnorm(copy.deepcopy(model)).train()
+            torch.testing.assert_close(train_out, bn(x), rtol=1e-10, atol=1e-12)
+
+
+def test_table6_mean_pooling_is_the_weighted_average_of_local_statistics():
+    """pooling='mean' (Table 6 row 2): the count-weighted mean of the clients' means and biased
+    variances, without the between-client term or N − 1, against numpy."""
+    sim = _sim(clients_per_round=3, method_args={"preset": "paper", "stats_momentum": 1.0, "stats_mode": "eval", "pooling": "mean"})
+    downloaded = copy.deepcopy(sim.model)
+    downloaded.load_state_dict(sim.global_state)
+    record = sim.step()
+    acts = [_layer_inputs_np(downloaded, sim.data.train_x[sim.data.client_train[c]]) for c in record.client_ids]
+    for name in sim.method.layers:
+        counts = np.array([a[name].shape[0] for a in acts], dtype=np.float64)
+        means = np.stack([a[name].mean(axis=(0, 2, 3)) for a in acts])
+        variances = np.stack([a[name].var(axis=(0, 2, 3)) for a in acts])
+        w = counts[:, None] / counts.sum()
+        np.testing.assert_allclose(sim.global_state[f"{name}.running_mean"].numpy(), (w * means).sum(0), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(sim.global_state[f"{name}.running_var"].numpy(), (w * variances).sum(0), rtol=1e-10, atol=1e-12)
+    with pytest.raises(ConfigError, match="pooling"):
+        _sim(method_args={"pooling": "median"})
+    with pytest.raises(ConfigError, match="mix"):
+        _sim(method_args={"mix": "half"})
