@@ -9,6 +9,7 @@ option always mean the same thing (``local_epochs`` <-> ``--local-epochs``).
 from __future__ import annotations
 
 import math
+import os
 import sys
 import typing
 from pathlib import Path
@@ -365,6 +366,13 @@ class ExperimentConfig(BaseModel):
         if value > MAX_ROUNDS:
             raise ValueError(f"must be at most {MAX_ROUNDS:,}")
         return value
+
+    @field_validator("out", "data_dir", mode="before")
+    @classmethod
+    def _path_as_text(cls, value: Any) -> Any:
+        # fednorm.run(out=Path(...)) was refused with "Input should be a valid string"; a path is
+        # recorded as its text, so config.yaml reads the same whichever form was given
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     @field_validator("out")
     @classmethod

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,7 +179,7 @@ def run_seeds(
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     if not seeds:
         raise ValueError("run_seeds needs at least one seed")
-    if config is None or isinstance(config, (str, Path)):  # the default config, or a YAML file, as fednorm.run takes them
+    if config is None or isinstance(config, (str, os.PathLike)):  # the default config, or a YAML file, as fednorm.run takes them
         from .api import resolve_config
 
         config = resolve_config(config)

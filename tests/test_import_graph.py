@@ -1,7 +1,8 @@
 """The layering the architecture promises, read from the source's import statements.
 
 Methods, layers and client/server optimizers are run by the engine, so they must not import it
-(nor the CLI or the runtimes): an import back would close a circle. The CLI starts distributed
+(nor the CLI or the runtimes): an import back would close a circle. The API (``fednorm.run``) sits
+below the CLI and the engine below the API: neither imports a layer above it. The CLI starts distributed
 workers as processes and must not import the worker that imports the CLI.
 
 No module of fednorm imports itself back through others (``test_no_module_is_in_an_import_circle``).
@@ -151,6 +152,18 @@ def test_what_the_engine_runs_does_not_import_the_engine(layer):
     forbidden = ("fednorm.engine", "fednorm.cli", "fednorm.distributed", "fednorm.flower")
     offenders = {
         _module_name(path): sorted(name for name in _imports(path) if name.startswith(forbidden))
+        for path in _sources(layer)
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+@pytest.mark.parametrize("layer, above", [
+    ("api", ("fednorm.cli",)),  # the CLI parses arguments and calls the API; a rule both need goes below both
+    ("engine", ("fednorm.cli", "fednorm.api")),  # (fednorm/engine/rundir.py: where a run or a comparison writes)
+])
+def test_a_layer_does_not_import_the_layers_above_it(layer, above):
+    offenders = {
+        _module_name(path): sorted(name for name in _imports(path) if name.startswith(above))
         for path in _sources(layer)
     }
     assert {k: v for k, v in offenders.items() if v} == {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -210,10 +211,11 @@ def compare(
     variants: Sequence[Mapping[str, Any]] = DEFAULT_VARIANTS,
     model: str | nn.Module | Callable[[], nn.Module] | None = None,
     data: FederatedData | None = None,
-    out: str | Path | None = None,
+    out: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
     on_round: Callable[[Any, Simulation], None] | None = None,
-    resume: str | Path | None = None,
+    resume: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
     **overrides: Any,
 ) -> CompareResult:
     """Run several variants (method/norm/any field) on one setting and tabulate them.
@@ -224,7 +226,10 @@ def compare(
     ``fbn`` variants convert it to their layers) on your data. Every variant's config is validated
     (fields and registry names, and that your module converts for it) before the first one trains.
     Writes ``compare.json`` (the plan), ``results.md``, ``results.csv``, ``accuracy.png`` and one
-    run directory per variant under ``out`` (nothing when ``out`` is None).
+    run directory per variant under ``out`` (nothing when ``out`` is None). An ``out`` that
+    already holds a comparison is refused, as ``fednorm compare`` refuses it, unless
+    ``overwrite=True``, which deletes that comparison (its table, plan, plot and its variants'
+    run files) once every new variant is known to be valid.
 
     A SIGINT/SIGTERM stops the comparison after the current round of the current variant: the
     table holds the variants that finished, and ``CompareResult.stop_signal`` the signal.
@@ -236,6 +241,7 @@ def compare(
     import contextlib
 
     from ..compare_plan import load_plan, save_plan
+    from ..engine import rundir
     from ..engine.runlock import run_lock
 
     check_data_type(data)
@@ -244,6 +250,8 @@ def compare(
         from ..errors import ConfigError
 
         bad = sorted(k for k, v in overrides.items() if v is not None and k not in RESUMABLE_OVERRIDES)
+        if overwrite:
+            raise ConfigError(f"resume= continues the comparison in {resume}; overwrite=True starts one again: pass one of them")
         if config is not None or variants is not DEFAULT_VARIANTS or bad:
             raise ConfigError(f"resuming {resume} takes the comparison's settings from its compare.json; only "
                               f"{', '.join(RESUMABLE_OVERRIDES)} may be passed" + (f" (got {', '.join(bad)})" if bad else ""))
@@ -251,8 +259,13 @@ def compare(
     else:
         root = Path(out) if out is not None else None
     with contextlib.ExitStack() as held:
+        earlier = False
         if root is not None:
+            if resume is None:
+                rundir.check_writable(root, "out")
             held.enter_context(run_lock(root, "compare"))
+            if resume is None:  # the CLI's rule: an earlier comparison only with overwrite=True
+                earlier = rundir.check_comparison_dir(root, overwrite=overwrite, python=True)
         if resume is not None:
             saved, variants = load_plan(root)  # type: ignore[arg-type]
             base = resolve_config(saved, **{k: v for k, v in overrides.items() if k != "out"})
@@ -265,6 +278,8 @@ def compare(
             if user is not None:
                 base = record_model(base, user)
         planned = plan_variants(base, variants, root, model=user)  # every typo is reported before anything trains
+        if earlier:  # every variant is valid: now the earlier comparison goes
+            rundir.clear_comparison(root)  # type: ignore[arg-type]
         if root is not None:
             save_plan(root, base, variants)
         return _compare(base, planned, root, progress=progress, on_round=on_round, resume=resume is not None,

@@ -4,7 +4,7 @@ own model or data, recorded in the config as ``user:NAME`` (:mod:`fednorm.data.p
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 from typing import Any, Mapping
 
 import torch
@@ -16,14 +16,15 @@ from ..models.user import UserModel
 __all__ = ["resolve_config", "check_device", "check_data_type", "split_model", "record_data", "check_data_fields", "record_model"]
 
 
-def resolve_config(config: ExperimentConfig | Mapping[str, Any] | str | Path | None = None, **overrides: Any) -> ExperimentConfig:
-    """A config from an object, a mapping or a YAML path, with keyword overrides applied."""
+def resolve_config(config: ExperimentConfig | Mapping[str, Any] | str | os.PathLike[str] | None = None, **overrides: Any) -> ExperimentConfig:
+    """A config from an object, a mapping or a YAML path (``str`` or any ``os.PathLike``), with
+    keyword overrides applied."""
     if isinstance(config, ExperimentConfig):
         base = config.model_dump()
         base.update({k: v for k, v in overrides.items() if v is not None})
         return load_config(None, base)
-    if isinstance(config, (str, Path)):
-        return load_config(config, overrides)
+    if isinstance(config, (str, os.PathLike)):
+        return load_config(os.fspath(config), overrides)
     merged = dict(config or {})
     merged.update({k: v for k, v in overrides.items() if v is not None})
     return load_config(None, merged)

@@ -189,10 +189,10 @@ def writer_lock(path: Path, purpose: str, hint: str | None = None) -> Any:
 
 
 def _check_earlier_run(out: Path, *, overwrite: bool) -> None:
-    """The CLI's rule for a new run's directory (:func:`fednorm.cli.rundir.check_run_dir`), from
+    """The CLI's rule for a new run's directory (:func:`fednorm.engine.rundir.check_run_dir`), from
     Python: a directory holding a run is refused unless ``overwrite``, which deletes that run's
     files first (its ``report/`` too), so nothing of the earlier run is left beside the new one."""
-    from ..cli import rundir
+    from ..engine import rundir
 
     rundir.check_run_dir(out, overwrite=overwrite, python=True)
     if overwrite and rundir.holds_run(out):

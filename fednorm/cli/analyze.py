@@ -33,7 +33,7 @@ def command(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.lr is not None and not args.lr > 0:
         raise ConfigError(f"--lr must be positive, got {args.lr}")
-    from .rundir import check_existing_run
+    from ..engine.rundir import check_existing_run
 
     check_existing_run(args.run_dir, "analyze", "analysis.json and its plots")
     result = analyze_run(args.run_dir, client=args.client, steps=args.steps, lr=args.lr, per_class=args.per_class,

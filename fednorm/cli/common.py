@@ -167,7 +167,7 @@ def fresh_run_config(args: argparse.Namespace, command: str, held: Any = None) -
     directory holding a run is refused unless ``--overwrite`` (then its run files are deleted).
     With ``held`` (a :class:`contextlib.ExitStack`), the directory's writer lock is taken into it
     before anything is checked or deleted, so a live run is never overwritten or joined."""
-    from . import rundir
+    from ..engine import rundir
 
     cfg = config_from(args)
     if cfg.out is None:

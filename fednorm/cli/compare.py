@@ -116,7 +116,7 @@ def _compare_resume_command(args: argparse.Namespace) -> int:
         from .progress import ProgressLines, wants_lines
 
         on_round = ProgressLines() if wants_lines() else None
-    from .rundir import shown
+    from ..engine.rundir import shown
 
     try:
         there = (args.resume / "compare.json").is_file()
@@ -142,7 +142,7 @@ def _print_comparison(result: Any, out: Path) -> int:
 def _compare_command(args: argparse.Namespace, lock: Any) -> int:
     from ..api import DEFAULT_VARIANTS, compare, plan_variants
     from ..centralized import CENTRALIZED, centralized_overrides
-    from . import rundir
+    from ..engine import rundir
 
     for option, value, hint in (("--variants", args.variants, "method:norm,method:norm"), ("--methods", args.methods, "fedavg,fedbn"),
                                 ("--norms", args.norms, "bn,gn"), ("--client-opts", args.client_opts, "none,fedprox")):
@@ -184,18 +184,11 @@ def _compare_command(args: argparse.Namespace, lock: Any) -> int:
     lock(out)  # one writer: a second compare into OUT, or a --resume of a live one, is refused
     if args.seeds is not None or args.num_seeds is not None:  # one run per variant and seed (fednorm/seeds.py)
         return _compare_seeds_command(args, cfg, variants, out)
-    earlier = rundir.holds_comparison(out)
-    if earlier and not args.overwrite:
-        raise ConfigError(f"{out} already holds a comparison; continue it with `fednorm compare --resume {out}`, start "
-                          "it again with --overwrite, or pass another --out")
+    earlier = rundir.check_comparison_dir(out, overwrite=args.overwrite)
     cfg, why = resolve_threads(cfg.model_copy(update={"out": None}))
     plan_variants(cfg, variants, out)  # every variant valid before anything is deleted or trained
     if earlier:
-        for child in [out, *sorted(c for c in out.iterdir() if c.is_dir())]:
-            if rundir.holds_run(child):
-                rundir.clear_run(child)
-        for name in ("results.md", "results.csv", "accuracy.png", "compare.json"):
-            (out / name).unlink(missing_ok=True)
+        rundir.clear_comparison(out)
         print(f"--overwrite: deleted the earlier comparison in {out}", flush=True)
     on_round = None
     if not args.quiet:

@@ -22,7 +22,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     from ..evaluation import evaluate_run_on
-    from .rundir import check_existing_run
+    from ..engine.rundir import check_existing_run
 
     for run_dir in args.run_dir:  # every RUN_DIR checked before the first is evaluated (a read-only one: issue 50)
         check_existing_run(run_dir, "evaluate", "evaluation.json")

@@ -11,7 +11,7 @@ fednorm/cli/common.py.
 field as an option (``local_epochs`` -> ``--local-epochs``), generated from the config
 schema so the CLI and YAML files never drift apart. Options override ``--config``'s values.
 Bad input prints one clear message and exits with status 2, never a traceback (fednorm/cli/errors.py);
-a run never writes over an earlier one without ``--overwrite`` (fednorm/cli/rundir.py); off a
+a run never writes over an earlier one without ``--overwrite`` (fednorm/engine/rundir.py); off a
 terminal a run prints one progress line per evaluation (fednorm/cli/progress.py); without
 ``--threads`` a run uses the cores that are free (fednorm/cli/threads.py). Exit status: 0 done,
 1 the run failed, 2 bad input (options, config, data), 130/143 stopped by SIGINT/SIGTERM (after writing a checkpoint).
@@ -161,7 +161,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         import errno
 
         if exc.errno in (errno.ENAMETOOLONG, errno.ELOOP):  # a path no file system takes: bad input (issue 50)
-            from .rundir import shown
+            from ..engine.rundir import shown
 
             where = f"{shown(exc.filename)}: " if exc.filename else ""
             print(f"fednorm {args.command}: error: {where}{exc.strerror or exc}; pass a shorter path", file=sys.stderr)

@@ -65,7 +65,7 @@ def run_command(args: argparse.Namespace, *, simulation: Any = None, quiet: bool
                 if args.config is not None:
                     raise ConfigError("--resume takes its settings from RUN_DIR/config.yaml; do not pass --config")
                 if plain and (Path(args.resume) / "config.yaml").is_file():  # else the resume says what is there
-                    from .rundir import check_existing_run
+                    from ..engine.rundir import check_existing_run
 
                     # a read-only run directory: one line, not a raw [Errno 30] with exit 1 (issue 50)
                     check_existing_run(args.resume, "run --resume", "its checkpoints and metrics", verb="resume")
@@ -130,7 +130,7 @@ def _run_seeds_command(args: argparse.Namespace) -> int:
     """``fednorm run --seeds``: :func:`fednorm.seeds.run_seeds` with the run's options."""
     from ..engine.outputs import default_run_dir
     from ..seeds import run_seeds
-    from . import rundir
+    from ..engine import rundir
 
     if args.resume is not None or args.overwrite:
         raise ConfigError("--seeds keeps finished seeds and resumes an interrupted one by itself: rerun the same "

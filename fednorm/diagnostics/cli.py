@@ -41,7 +41,7 @@ def command(args: argparse.Namespace) -> int:
     if args.max_samples is not None and args.max_samples < 1:
         raise ConfigError(f"--max-samples must be >= 1, got {args.max_samples}")
 
-    from ..cli.rundir import check_existing_run
+    from ..engine.rundir import check_existing_run
 
     # before the "loading" line: a missing RUN_DIR is one line (issue 50), a read-only one a message, not [Errno 30]
     check_existing_run(args.run_dir, "diagnose", DIAGNOSIS_FILE)

@@ -30,7 +30,7 @@ def add_parser(sub: Any) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from ..cli.rundir import check_writable
+    from ..engine.rundir import check_writable
     from . import build_report
     from .collect import find_runs
 

@@ -1,9 +1,12 @@
-"""Where ``fednorm run`` and ``fednorm compare`` write, checked before anything trains.
+"""Where ``fednorm run`` and ``fednorm compare`` write, checked before anything trains, from the
+command line and from Python (:func:`fednorm.run`, :func:`fednorm.compare`) alike.
 
-A run directory that already holds a run is never overwritten without ``--overwrite``: the
-message says how to continue it (``--resume``), start it again (``--overwrite``) or pick another
-directory. A run repeated from its own saved ``RUN/config.yaml`` gets a new directory beside the
-old one. An ``--out`` that is a file, lies under a file or cannot be written is one message.
+A run directory that already holds a run, or a comparison's directory that holds a comparison, is
+never overwritten without ``--overwrite`` (``overwrite=True``): the message says how to continue it
+(``--resume``), start it again (``--overwrite``) or pick another directory. A run repeated from its
+own saved ``RUN/config.yaml`` gets a new directory beside the old one. An ``--out`` that is a file,
+lies under a file or cannot be written is one message. This module sits below both the CLI and
+:mod:`fednorm.api`, which apply the same rule.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
-__all__ = ["RUN_FILES", "shown", "check_existing_run", "holds_run", "describe_run", "check_writable", "check_run_dir", "clear_run", "next_free", "holds_comparison"]
+__all__ = ["RUN_FILES", "shown", "check_existing_run", "holds_run", "describe_run", "check_writable", "check_run_dir", "clear_run", "next_free", "holds_comparison",
+           "check_comparison_dir", "clear_comparison"]
 
 # What a run writes into its directory (fednorm.engine.outputs, fednorm.engine.checkpoint, fednorm analyze).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "checkpoint.prev.pt", "final_model.pt", "accuracy.png",
@@ -199,3 +203,38 @@ def holds_comparison(path: str | Path) -> bool:
     if any((p / name).exists() for name in ("results.md", "results.csv", "compare.json")):
         return True
     return any(holds_run(child) for child in p.iterdir() if child.is_dir())
+
+
+#: The files a comparison writes beside its variants' run directories (fednorm.api.comparison).
+COMPARISON_FILES = ("results.md", "results.csv", "accuracy.png", "compare.json")
+
+
+def check_comparison_dir(path: str | Path, *, overwrite: bool, python: bool = False) -> bool:
+    """Refuse a directory that holds an earlier comparison unless ``overwrite``, and one that holds
+    a single run (a comparison's files would mix with it); check it is writable. Returns whether
+    an earlier comparison is there (to be cleared with :func:`clear_comparison` once every variant
+    is known to be valid). ``python``: the advice in :func:`fednorm.compare`'s terms."""
+    p = Path(path)
+    option = "out" if python else "--out"
+    check_writable(p, option)
+    if holds_run(p) and not holds_comparison(p):
+        raise ConfigError(f"{p} already holds {describe_run(p)}; a comparison needs a directory of its own: pass another {option}")
+    earlier = holds_comparison(p)
+    if earlier and not overwrite:
+        if python:
+            raise ConfigError(f"{p} already holds a comparison; continue it with fednorm.compare(resume={str(p)!r}), start it "
+                              f"again with overwrite=True, or pass another out")
+        raise ConfigError(f"{p} already holds a comparison; continue it with `fednorm compare --resume {p}`, start "
+                          "it again with --overwrite, or pass another --out")
+    return earlier
+
+
+def clear_comparison(path: str | Path) -> None:
+    """Delete an earlier comparison in ``path``: its variants' run files and its table, plan and
+    plot (nothing else), so that nothing of it is left beside the new one."""
+    p = Path(path)
+    for child in [p, *sorted(c for c in p.iterdir() if c.is_dir())]:
+        if holds_run(child):
+            clear_run(child)
+    for name in COMPARISON_FILES:
+        (p / name).unlink(missing_ok=True)
