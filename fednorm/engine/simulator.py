@@ -200,6 +200,7 @@ class Simulation:
         self.attack = get_attack(config.attack, config.num_byzantine, config.attack_targets, config.attack_args, first_id=config.num_clients)
         self.global_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.bank = ClientStateBank(self.device)
+        agc_clip = default_agc_clip(config.norm, config.agc_clip)
         self.spec = LocalSpec(
             batch_size=config.batch_size,
             epochs=config.local_epochs,
@@ -208,8 +209,8 @@ class Simulation:
             momentum=config.momentum,
             weight_decay=config.weight_decay,
             max_grad_norm=config.max_grad_norm,
-            agc_clip=default_agc_clip(config.norm, config.agc_clip),
-            agc_skip=head_parameter_names(self.model),
+            agc_clip=agc_clip,
+            agc_skip=head_parameter_names(self.model) if agc_clip else frozenset(),
             dsgd=config.dsgd,
             augment=self.data.augment,
             crop_padding=info.crop_padding,

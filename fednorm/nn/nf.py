@@ -12,8 +12,8 @@ FedWon removes the normalization layers and trains with the two pieces of NF-Net
   variance; it lives with plain weight standardization and is importable from here too);
 - **adaptive gradient clipping** (AGC): each unit's gradient (a row of a weight: one output
   channel or neuron; a whole bias vector) is rescaled so that
-  ``‖G_i‖ ≤ λ · max(‖W_i‖, 1e-3)`` (:func:`adaptive_grad_clip_`); the classifier (``model.head``)
-  is not clipped, as in NF-Nets. FedWon's and NF-Nets' small-batch setting is λ = 0.01.
+  ``‖G_i‖ ≤ λ · max(‖W_i‖, 1e-3)`` (:func:`adaptive_grad_clip_`); the classifier (``model.head``,
+  else the last ``nn.Linear``: :func:`head_parameter_names`) is not clipped, as in NF-Nets. FedWon's and NF-Nets' small-batch setting is λ = 0.01.
 
 Norms: ``--norm fedwon`` (no normalization layers, every ``Conv2d`` a :class:`ScaledStdConv2d`)
 and ``--norm hbn_sws`` (FedWon with HBN plugged in: HBN at every norm site, ``--method hbn``).
@@ -69,10 +69,25 @@ def adaptive_grad_clip_(
 
 
 def head_parameter_names(model: nn.Module) -> frozenset[str]:
-    """Names of the classifier's parameters (``model.head``), which AGC leaves alone."""
+    """Names of the classifier's parameters, which AGC leaves alone: ``model.head``, else the
+    model's last ``nn.Linear`` (:func:`~fednorm.nn.state.classifier_head`; a user's model may call
+    it ``fc`` or ``classifier[-1]``).
+
+    Raises:
+        ConfigError: the model has no ``nn.Linear`` classifier (AGC would clip a classifier it
+            cannot find: give the model one, or turn AGC off with ``agc_clip=0``).
+    """
+    from ..errors import ConfigError
+    from .state import classifier_head
+
     head = getattr(model, "head", None)
     if not isinstance(head, nn.Module):
-        return frozenset()
+        try:
+            head = classifier_head(model)
+        except ValueError:
+            raise ConfigError(f"adaptive gradient clipping leaves the classifier unclipped, and {type(model).__name__} has "
+                              "no nn.Linear classifier (model.head, or a last nn.Linear): give it one, or turn AGC off "
+                              "with agc_clip=0") from None
     ids = {id(p) for p in head.parameters()}
     return frozenset(n for n, p in model.named_parameters() if id(p) in ids)
 

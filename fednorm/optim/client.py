@@ -29,6 +29,22 @@ from ..nn.stacked import forward_clients, stack_model
 from ..registry import Registry
 from .checks import check_number
 
+
+def head_name(model: nn.Module, optimizer: str) -> str:
+    """The module name of ``model``'s classifier (:func:`fednorm.nn.classifier_head`: ``model.head``,
+    else its last ``nn.Linear``), whose input is the penultimate feature vector a client objective
+    reads; the same name finds it in the stacked copy (:func:`fednorm.nn.stacked.stack_model`
+    keeps module names). A model without one is refused in one line."""
+    from ..nn.state import classifier_head
+
+    try:
+        head = classifier_head(model)
+    except ValueError:
+        raise ConfigError(f"client optimizer '{optimizer}' reads the input of the model's classifier, and "
+                          f"{type(model).__name__} has none: give it an nn.Linear classifier (model.head, or its last "
+                          "nn.Linear)") from None
+    return next(name for name, module in model.named_modules() if module is head)
+
 __all__ = [
     "CLIENT_OPTIMIZERS",
     "ClientOptimizer",
@@ -360,7 +376,7 @@ class Moon(ClientOptimizer):
     """MOON (Li, He & Song, CVPR 2021, arXiv:2103.16257): model-contrastive local loss.
 
     ``loss += mu · −log( e^{sim(z, z_glob)/τ} / (e^{sim(z, z_glob)/τ} + e^{sim(z, z_prev)/τ}) )`` with
-    ``z`` the representation (``forward_features``, the input of the model's ``head``) of the
+    ``z`` the representation (the input of the model's classifier, :func:`fednorm.nn.classifier_head`) of the
     model being trained, ``z_glob`` that of the downloaded model and ``z_prev`` that of this
     client's model at the end of its previous round (kept in the bank as ``"moon.prev.*"``; the
     downloaded model before a client's first round, as MOON's code initialises it), ``sim`` the
@@ -396,11 +412,11 @@ class Moon(ClientOptimizer):
         self._stacked_frozen: dict[int, tuple[nn.Module, nn.Module]] = {}  # chunk size -> (global, prev)
         self._passes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []  # (x, z, clients)
         self._pending: torch.Tensor | None = None
+        self._head = "head"
 
     def setup(self, model: nn.Module, method: Method, num_clients: int, local_momentum: float = 0.0) -> None:
         super().setup(model, method, num_clients, local_momentum)
-        if not (hasattr(model, "forward_features") and isinstance(getattr(model, "head", None), nn.Module)):
-            raise ConfigError("client optimizer 'moon' needs a model with forward_features and a head (every fednorm model has them)")
+        self._head = head_name(model, self.name)
         self._global = copy.deepcopy(model)
         self._prev = copy.deepcopy(model)
         for frozen in (self._global, self._prev):
@@ -426,7 +442,21 @@ class Moon(ClientOptimizer):
         def grab_features(module: nn.Module, args: tuple) -> None:
             self._features = args[0]
 
-        self._hooks = [model.register_forward_pre_hook(grab_input), model.head.register_forward_pre_hook(grab_features)]
+        self._hooks = [model.register_forward_pre_hook(grab_input),
+                       model.get_submodule(self._head).register_forward_pre_hook(grab_features)]
+
+    def _representation(self, frozen: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A frozen model's representation of ``x``: its ``forward_features`` (fednorm's models),
+        else the input of its classifier, caught on a full forward pass (a user's model)."""
+        if hasattr(frozen, "forward_features"):
+            return frozen.forward_features(x)
+        grabbed: list[torch.Tensor] = []
+        handle = frozen.get_submodule(self._head).register_forward_pre_hook(lambda _m, args: grabbed.append(args[0]))
+        try:
+            frozen(x)
+        finally:
+            handle.remove()
+        return grabbed[0]
 
     def contrastive(self, z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor) -> torch.Tensor:
         """MOON Eq. 3 averaged over the batch."""
@@ -440,8 +470,8 @@ class Moon(ClientOptimizer):
         with torch.no_grad():
             self._global.train()
             self._prev.train()
-            z_glob = self._global.forward_features(self._batch)
-            z_prev = self._prev.forward_features(self._batch)
+            z_glob = self._representation(self._global, self._batch)
+            z_prev = self._representation(self._prev, self._batch)
         z = self._features
         self._batch = self._features = None
         return loss + self.mu * self.contrastive(z, z_glob, z_prev)
@@ -483,17 +513,18 @@ class Moon(ClientOptimizer):
                 self._passes.append((self._pending, args[0], forward_clients(model)))
                 self._pending = None
 
-        self._hooks = [model.register_forward_pre_hook(grab_input), model.head.register_forward_pre_hook(grab_features)]
+        self._hooks = [model.register_forward_pre_hook(grab_input),
+                       model.get_submodule(self._head).register_forward_pre_hook(grab_features)]
 
     def _frozen_features(self, frozen: nn.Module, x: torch.Tensor, clients: torch.Tensor | None, k: int) -> torch.Tensor:
         """The frozen stacked model's head input on ``x`` for the chunk positions ``clients``."""
         frozen.train()
         if clients is None or (len(clients) == k and bool((clients == torch.arange(k, device=clients.device)).all())):
-            return frozen.forward_features(x)
+            return self._representation(frozen, x)
         idx = clients.to(torch.long)
         state = {n: t.index_select(0, idx) for n, t in frozen.state_dict().items()}
         grabbed: list[torch.Tensor] = []
-        handle = frozen.head.register_forward_pre_hook(lambda _m, args: grabbed.append(args[0]))
+        handle = frozen.get_submodule(self._head).register_forward_pre_hook(lambda _m, args: grabbed.append(args[0]))
         try:
             functional_call(frozen, state, (x,))
         finally:
@@ -509,7 +540,7 @@ class Moon(ClientOptimizer):
         if not passes:
             return None
         glob, prev = self._frozen_stacks(len(ctx))
-        d = ctx.model.head.in_features
+        d = ctx.model.get_submodule(self._head).in_features
         total = None
         for x, z, clients in passes:
             with torch.no_grad():

@@ -12,7 +12,8 @@ executor. They see the batch through forward hooks on the client's model, as MOO
   training mode, is installed in ``begin`` and removed in ``end``. On the stacked model the
   logits are client-concatenated ``[B, K·C]``; the hook reads which clients the forward pass
   runs (:func:`~fednorm.nn.stacked.forward_clients`) and applies each client's own calibration.
-- FedDecorr registers a pre-hook on ``model.head`` (its input is the penultimate feature vector,
+- FedDecorr registers a pre-hook on the model's classifier (``model.head``, else its last
+  ``nn.Linear``: :func:`~fednorm.optim.client.head_name`; its input is the penultimate feature vector,
   FN-normalised under FN) and adds ``β·L_decorr`` to the loss, per client.
 
 Per-class counts ``n_{i,y}`` are the client's training labels over the whole round (its
@@ -30,7 +31,7 @@ from ..errors import ConfigError
 from ..methods.base import ClientContext, Method, StackedClientContext
 from ..nn.stacked import forward_clients
 from .checks import check_number
-from .client import ClientOptimizer, register_client_optimizer
+from .client import ClientOptimizer, head_name, register_client_optimizer
 
 __all__ = ["FedLC", "FedRS", "FedDecorr", "decorrelation_loss", "fedlc_margins", "fedrs_scales", "class_counts"]
 
@@ -76,10 +77,9 @@ def decorrelation_loss(z: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
 
 
 def _num_classes(model: nn.Module, name: str) -> int:
-    head = getattr(model, "head", None)
-    num = getattr(model, "num_classes", None) or getattr(head, "out_features", None)
-    if not isinstance(num, int):
-        raise ConfigError(f"client optimizer '{name}' needs a classifier with num_classes (every fednorm model has it)")
+    num = getattr(model, "num_classes", None)
+    if not isinstance(num, int):  # a user's model: its classifier's outputs
+        num = model.get_submodule(head_name(model, name)).out_features
     return num
 
 
@@ -216,7 +216,8 @@ class FedRS(_LogitCalibration):
 class FedDecorr(ClientOptimizer):
     """FedDecorr (Shi et al., ICLR 2023, "Towards Understanding and Mitigating Dimensional
     Collapse in Heterogeneous Federated Learning"): ``loss += β·L_decorr(z)`` with ``z`` the
-    penultimate features of the batch (the input of ``model.head``; FN-normalised under FN) and
+    penultimate features of the batch (the input of the model's classifier,
+    :func:`fednorm.nn.classifier_head`; FN-normalised under FN) and
     ``L_decorr`` from :func:`decorrelation_loss`. LN paper Tables 1/10/11 row "FedDecorr".
 
     Args:
@@ -238,11 +239,11 @@ class FedDecorr(ClientOptimizer):
         self.eps = check_number("feddecorr eps", eps, 0.0)
         self._hook: Any = None
         self._features: list[torch.Tensor] = []
+        self._head = "head"
 
     def setup(self, model: nn.Module, method: Method, num_clients: int, local_momentum: float = 0.0) -> None:
         super().setup(model, method, num_clients, local_momentum)
-        if not isinstance(getattr(model, "head", None), nn.Module):
-            raise ConfigError("client optimizer 'feddecorr' needs a model with a head (every fednorm model has one)")
+        self._head = head_name(model, self.name)
 
     def _install(self, model: nn.Module) -> None:
         self._remove()
@@ -251,7 +252,7 @@ class FedDecorr(ClientOptimizer):
             if module.training:
                 self._features.append(args[0])
 
-        self._hook = model.head.register_forward_pre_hook(grab)
+        self._hook = model.get_submodule(self._head).register_forward_pre_hook(grab)
 
     def _remove(self) -> None:
         if self._hook is not None:
@@ -275,7 +276,7 @@ class FedDecorr(ClientOptimizer):
 
     def stacked_loss(self, ctx: StackedClientContext, params: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
         feats, self._features = self._features, []
-        d = ctx.model.head.in_features
+        d = ctx.model.get_submodule(self._head).in_features
         total = sum(decorrelation_loss(z.reshape(z.shape[0], -1, d).transpose(0, 1), self.eps).sum() for z in feats)
         return self.beta * total
 
