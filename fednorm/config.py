@@ -34,7 +34,7 @@ class ExperimentConfig(BaseModel):
     Method-, norm- and model-specific options go in ``method_args``, ``norm_args`` and
     ``model_args``; they are validated by the builder they are passed to. Each field's role
     (data, model, training, evaluation, runtime, ...) is stated once in
-    :data:`fednorm.config_roles.FIELD_ROLES` (:meth:`role`); the lists of fields that decide
+    ``fednorm.config_roles.FIELD_ROLES`` (:meth:`role`); the lists of fields that decide
     a run's data, may change on resume, or do not change results are derived from it.
     """
 
@@ -444,13 +444,13 @@ class ExperimentConfig(BaseModel):
 
     @staticmethod
     def role(field: str) -> str:
-        """The role of ``field`` (:data:`fednorm.config_roles.ROLES`), e.g. ``"partition"`` for ``alpha``."""
+        """The role of ``field`` (``fednorm.config_roles.ROLES``), e.g. ``"partition"`` for ``alpha``."""
         return FIELD_ROLES[field]
 
     def recorded(self) -> dict[str, Any]:
         """The fields as a run records them (``config.yaml``, the loggers' parameters): all of
         them, but for data given from Python (``dataset: user:NAME``) without the fields that did
-        not apply to it (:data:`~fednorm.config_roles.USER_DATA_NOT_APPLICABLE`: ``alpha``,
+        not apply to it (``fednorm.config_roles.USER_DATA_NOT_APPLICABLE``: ``alpha``,
         ``partition_args``, ``data_dir``, ``input_norm``, ...), so the record says only what ran."""
         data = self.model_dump(mode="json")
         if is_user_name(self.dataset):

@@ -206,7 +206,7 @@ def plan_variants(base: ExperimentConfig, variants: Sequence[Mapping[str, Any]],
 
 
 def compare(
-    config: ExperimentConfig | Mapping[str, Any] | str | Path | None = None,
+    config: ExperimentConfig | Mapping[str, Any] | str | os.PathLike[str] | None = None,
     *,
     variants: Sequence[Mapping[str, Any]] = DEFAULT_VARIANTS,
     model: str | nn.Module | Callable[[], nn.Module] | None = None,
@@ -221,22 +221,65 @@ def compare(
     """Run several variants (method/norm/any field) on one setting and tabulate them.
 
     Every variant shares the base config's data, partition and seed; the client data is built
-    once and reused. ``model`` and ``data`` are as :func:`run`'s: every variant trains its own copy
-    of your module (its BatchNorm converted for the variant's norm; left at ``bn``, the ``hbn`` and
-    ``fbn`` variants convert it to their layers) on your data. Every variant's config is validated
-    (fields and registry names, and that your module converts for it) before the first one trains.
-    Writes ``compare.json`` (the plan), ``results.md``, ``results.csv``, ``accuracy.png`` and one
-    run directory per variant under ``out`` (nothing when ``out`` is None). An ``out`` that
-    already holds a comparison is refused, as ``fednorm compare`` refuses it, unless
-    ``overwrite=True``, which deletes that comparison (its table, plan, plot and its variants'
-    run files) once every new variant is known to be valid.
+    once and reused. Every variant's config is validated (fields and registry names, and that your
+    module converts for it) before the first one trains.
+
+    Args:
+        config: the base config, as :func:`run` takes it (an :class:`ExperimentConfig`, a mapping,
+            or a YAML path as ``str`` or ``os.PathLike``).
+        variants: what each variant changes in the base config, e.g. ``{"method": "fedbn",
+            "norm": "bn"}`` or ``{"lr": 0.1}``; a ``"label"`` key names it (default: the papers'
+            methods beside FedAvg with BN, GN, LN and FN, ``fednorm.api.DEFAULT_VARIANTS``).
+        model: as :func:`run`'s: every variant trains its own copy of your module (its
+            BatchNorm converted for the variant's norm; left at ``bn``, the ``hbn`` and ``fbn``
+            variants convert it to their layers).
+        data: as :func:`run`'s: every variant trains on it.
+        out: the comparison's directory (``str`` or ``os.PathLike``): ``compare.json`` (the plan),
+            ``results.md``, ``results.csv``, ``accuracy.png`` and one run directory per variant
+            (default: None, nothing is written).
+        progress: show a progress bar per variant (default: only on a terminal).
+        on_round: called as ``on_round(record, simulation)`` after every round of every variant.
+        resume: a comparison's ``out`` to continue from its ``compare.json``: finished variants
+            are kept, the interrupted one resumes from its checkpoint, the rest run (only
+            ``fednorm.api.RESUMABLE_OVERRIDES`` may be passed, e.g. ``rounds=`` to extend every
+            variant; a comparison of your own model or data resumes with them passed again).
+        overwrite: start again in an ``out`` that already holds a comparison, deleting it (its
+            table, plan, plot and its variants' run files) once every new variant is known to be
+            valid; without it such a directory is refused, as ``fednorm compare`` refuses it
+            without ``--overwrite``.
+        **overrides: base config fields, e.g. ``rounds=5``.
+
+    Returns:
+        A :class:`CompareResult`: ``results`` maps each variant's label (``"fedavg+bn"``,
+        ``"fedavg+gn(lr=0.1)"``) to its :class:`RunResult` (its ``summary`` as :func:`run`
+        describes it); ``rows()``, ``markdown()`` and ``csv()`` give the table, ``headline()`` one
+        sentence on it; ``stop_signal``, ``interrupted`` and ``not_run`` say how a stopped
+        comparison ended.
+
+    Raises:
+        ConfigError: a variant with an unknown or invalid setting, or one your model cannot
+            serve (one line, naming the variant, before anything trains); ``out`` already holds
+            a comparison (continue it with ``resume=``, pass ``overwrite=True``, or another
+            ``out``) or a single run; ``resume=`` with other settings than the resumable ones.
+        DivergenceError, RoundFailedError, RunWriteError: a variant that failed, as :func:`run`
+            raises them (the variants before it keep their run directories).
 
     A SIGINT/SIGTERM stops the comparison after the current round of the current variant: the
     table holds the variants that finished, and ``CompareResult.stop_signal`` the signal.
-    ``resume=OUT`` continues such a comparison from ``OUT/compare.json``: finished variants are
-    kept, the interrupted one resumes from its checkpoint, the rest run (only
-    ``fednorm.api.RESUMABLE_OVERRIDES`` may be passed, e.g. ``rounds=`` to extend every variant; a
-    comparison of your own model or data resumes with them passed again).
+
+    Example:
+        >>> import torch, fednorm
+        >>> from torch import nn
+        >>> g = torch.Generator().manual_seed(0)
+        >>> clients = [(torch.randn(16, 4, generator=g) + k, torch.arange(16) % 2) for k in range(2)]
+        >>> data = fednorm.FederatedData.from_tensors(clients, test=(torch.randn(8, 4, generator=g), torch.arange(8) % 2))
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+        >>> variants = [{"method": "fedavg", "norm": "bn"}, {"method": "fedbn", "norm": "bn"}]
+        >>> table = fednorm.compare(model=net, data=data, variants=variants, rounds=1, out="runs/cmp", progress=False)
+        >>> [(row["variant"], row["evaluation"]) for row in table.rows()]
+        [('fedavg+bn', 'global'), ('fedbn+bn', 'per client')]
+        >>> again = fednorm.compare(model=net, data=data, variants=variants, rounds=1, lr=0.1, out="runs/cmp",
+        ...                         overwrite=True, progress=False)
     """
     import contextlib
 

@@ -3,7 +3,7 @@ writes the run directory; a failure ends in one line that says how to continue."
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 from typing import Any, Callable, Mapping, Sequence
 
 from torch import nn
@@ -18,13 +18,13 @@ __all__ = ["RunResult", "run"]
 
 
 def run(
-    config: ExperimentConfig | Mapping[str, Any] | str | Path | None = None,
+    config: ExperimentConfig | Mapping[str, Any] | str | os.PathLike[str] | None = None,
     *,
     model: str | nn.Module | Callable[[], nn.Module] | None = None,
     data: FederatedData | None = None,
     write: bool = True,
     progress: bool | None = None,
-    resume: str | Path | None = None,
+    resume: str | os.PathLike[str] | None = None,
     simulation: Callable[..., Simulation] = Simulation,
     on_round: Callable[[Any, Simulation], None] | None = None,
     callbacks: Sequence[Any] = (),
@@ -34,7 +34,8 @@ def run(
     """Run one federated experiment, or resume one from its run directory.
 
     Args:
-        config: an :class:`ExperimentConfig`, a mapping of fields, or a YAML path.
+        config: an :class:`ExperimentConfig`, a mapping of fields, or a YAML path (``str`` or any
+            ``os.PathLike``; so is every path below, ``out=`` and ``data_dir=`` included).
         model: a registry name (``"resnet20"``), or your own ``nn.Module`` or a zero-argument
             factory of one (a class, a lambda): its BatchNorm layers are converted for the
             config's ``norm`` as ``--norm`` converts a registry model's (``bn`` keeps them;
@@ -66,14 +67,61 @@ def run(
             such a directory is refused, as ``fednorm run`` refuses it without ``--overwrite``.
         **overrides: config fields, e.g. ``rounds=5``.
 
+    Returns:
+        A :class:`RunResult`: ``config`` (the resolved config, as ``config.yaml`` records it),
+        ``history`` (one dict per evaluation: ``round``, ``test_accuracy``, ``test_loss``,
+        ``mean_client_accuracy``, ``client_accuracies``, ``train_loss``, ...), ``out_dir`` (None
+        with ``write=False``), ``model`` / ``client_model(k)`` and ``summary``, the dict
+        ``summary.json`` holds:
+
+        - ``status``: ``"completed"`` or ``"interrupted"`` (a failure raises instead);
+        - ``final_test_accuracy``, ``final_test_loss``, ``best_test_accuracy``, ``best_round``,
+          ``last10_mean_test_accuracy`` (None unless each of the last 10 rounds was evaluated);
+        - ``final_mean_client_accuracy`` and ``final_client_accuracies`` (each client on its own
+          test split, with its own model under FedBN), and ``client_weighting``: a sentence on
+          how these weigh clients (the mean counts every client once, whatever its test size;
+          ``test_accuracy`` counts every test sample once);
+        - ``train_loss_exploded``: only when the training loss blew up but stayed finite (``lr=50``),
+          ``{"round": r, "train_loss": loss}`` of the first such round (a ``RuntimeWarning`` says
+          so too): the accuracies of such a run are not meaningful;
+        - ``final_sync``: HBN's accuracies after its statistics-only round T+1;
+        - the setting (``method``, ``norm``, ``model``, ``dataset``, ``partition``,
+          ``num_clients``, ``clients_per_round``, ``seed``, ``rounds``), the cost
+          (``wall_seconds``, ``samples_trained``, ``uplink_bytes``, ``downlink_bytes``,
+          ``comm_rounds``, ``executor``, ``threads``), ``personalized``, ``method_summary``,
+          ``method_report``, ``dropped_clients``, ``torch_version`` and ``fednorm_version``.
+
     Raises:
-        ConfigError: ``out`` already holds a run (continue it with ``resume=``, pass
-            ``overwrite=True``, or another ``out``); settings that do not apply to ``data``
-            given beside it (``alpha``, ``partition``, ``augment``, ...).
+        ConfigError: an unknown or invalid setting (one line, naming the field); ``out`` already
+            holds a run (continue it with ``resume=``, pass ``overwrite=True``, or another
+            ``out``); settings that do not apply to ``data`` given beside it (``alpha``,
+            ``partition``, ``augment``, ...); a model the method cannot serve; ``resume=`` a
+            directory without a run, or with settings that may not change.
+        DatasetError: a dataset that cannot be found or read.
+        DivergenceError: the training diverged (NaN/Inf); the message says how to resume with
+            a lower ``lr`` from the last checkpoint.
+        RoundFailedError, RunWriteError: a round that could not finish, a run directory that
+            could not be written; the message says how to continue.
 
     A first SIGINT/SIGTERM stops the run after the current round with a checkpoint
     (``summary["status"] == "interrupted"``, the signal in ``RunResult.stop_signal``); a second
     one stops at once. Resuming with fewer ``rounds`` than the checkpoint has run is refused.
+
+    Example:
+        >>> import torch, fednorm
+        >>> from torch import nn
+        >>> g = torch.Generator().manual_seed(0)
+        >>> clients = [(torch.randn(16, 4, generator=g) + k, torch.arange(16) % 2) for k in range(2)]
+        >>> data = fednorm.FederatedData.from_tensors(clients, test=(torch.randn(8, 4, generator=g), torch.arange(8) % 2))
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+        >>> result = fednorm.run(model=net, data=data, method="fedbn", rounds=1, out="runs/mine", progress=False)
+        >>> result.summary["status"], result.summary["rounds"], len(result.summary["final_client_accuracies"])
+        ('completed', 1, 2)
+        >>> fednorm.run(model=net, data=data, method="fedbn", rounds=1, out="runs/mine", progress=False)
+        Traceback (most recent call last):
+        fednorm.errors.ConfigError: runs/mine already holds a completed run of 1 rounds; continue it with ...
+        >>> longer = fednorm.run(resume="runs/mine", model=net, data=data, rounds=2, progress=False)
+        >>> again = fednorm.run(model=net, data=data, method="fedbn", rounds=1, out="runs/mine", overwrite=True, progress=False)
     """
     import contextlib
 

@@ -47,7 +47,7 @@ class RunResult:
 
     @property
     def model(self) -> nn.Module:
-        """The server's global model: the simulation's working model loaded with the final global
+        """The server's global model, the simulation's working model loaded with the final global
         state (not a copy: the next access, or :meth:`client_model`, reloads the same module).
 
         Under a method that keeps tensors on each client (FedBN, SiloBN, a personal head), the

@@ -105,9 +105,37 @@ class FederatedData:
         Warns when test samples carry a class that no client trains on (or reach no client's
         split).
 
+        Args:
+            clients: one ``(x_k, y_k)`` or ``(x_k, y_k, x_test_k, y_test_k)`` per client.
+            test: one global test set ``(x, y)``, or a list of one ``(x, y)`` per client
+                (default: None, the clients carry their own).
+            name: the data's name in the run's record (``dataset: user:NAME``).
+            num_classes: the class count (default: the largest label + 1).
+            augment: fednorm's random crop + flip per training batch (image data).
+            seed: the seed of the global test set's cut into per-client splits.
+
+        Returns:
+            A :class:`FederatedData`: client ``k`` trains on ``x_k`` and is scored on its own test
+            split (``client_test[k]``); ``num_clients``, ``num_classes`` and ``histogram()`` (the
+            per-client label counts) describe it. Pass it as ``fednorm.run(data=...)``.
+
         Raises:
             DatasetError: shapes, dtypes or labels that do not fit together, or no test data at
                 all (one line, naming the client).
+
+        Example:
+            >>> import torch
+            >>> from fednorm import FederatedData
+            >>> g = torch.Generator().manual_seed(0)
+            >>> clients = [(torch.randn(12, 1, 8, 8, generator=g) + k, torch.arange(12) % 3,  # client k's images shifted by k
+            ...             torch.randn(6, 1, 8, 8, generator=g) + k, torch.arange(6) % 3)    # and so are its test images
+            ...            for k in range(3)]
+            >>> data = FederatedData.from_tensors(clients, name="shifted")
+            >>> data.num_clients, data.num_classes, [len(ix) for ix in data.client_test]
+            (3, 3, [6, 6, 6])
+            >>> FederatedData.from_tensors([(torch.randn(4, 2), torch.arange(3))], test=(torch.randn(2, 2), torch.arange(2)))
+            Traceback (most recent call last):
+            fednorm.errors.DatasetError: client 0: ...
         """
         from ..errors import DatasetError
 
@@ -203,10 +231,30 @@ class FederatedData:
         ``augment=True`` (fednorm's crop + flip per batch), since a random transform here would
         be drawn once and frozen.
 
+        Args:
+            clients: one map-style dataset per client.
+            test: one global test dataset (or a pair of tensors ``(x, y)``), or a list of one
+                test dataset per client.
+            name, num_classes, augment, seed: as :meth:`from_tensors`'.
+
+        Returns:
+            A :class:`FederatedData`, as :meth:`from_tensors` returns it.
+
         Raises:
             DatasetError: a dataset that is not map-style, a sample that is not ``(x, y)`` with a
                 tensor (or NumPy array) ``x``, or shapes, dtypes and labels that do not fit
                 together (one line, naming the client and the sample).
+
+        Example:
+            >>> import torch
+            >>> from torch.utils.data import TensorDataset
+            >>> from fednorm import FederatedData
+            >>> g = torch.Generator().manual_seed(0)
+            >>> train = [TensorDataset(torch.randn(10, 4, generator=g) + k, torch.arange(10) % 2) for k in range(2)]
+            >>> test = [TensorDataset(torch.randn(4, 4, generator=g) + k, torch.arange(4) % 2) for k in range(2)]
+            >>> data = FederatedData.from_datasets(train, test)  # each client scored on its own test data
+            >>> data.num_clients, [len(ix) for ix in data.client_train], [len(ix) for ix in data.client_test]
+            (2, [10, 10], [4, 4])
         """
         from ..errors import DatasetError
 

@@ -64,11 +64,29 @@ class MethodStrategy(FedAvg):
     with local tensors (FedBN) these arrays hold the initial values of those tensors: each client's
     own stay on its node. Use one strategy per run.
 
-    Examples::
+    Returns:
+        ``start`` returns Flower's ``Result``: ``arrays`` (the state to deploy, as above),
+        ``train_metrics_clientapp``, ``evaluate_metrics_clientapp`` and
+        ``evaluate_metrics_serverapp`` (dicts keyed by round).
 
-        strategy = MethodStrategy("fedbn", Net(), min_available_nodes=2)
-        result = strategy.start(grid, ArrayRecord(Net().state_dict()), num_rounds=10,
-                                train_config=ConfigRecord({"lr": 0.05}))
+    Raises:
+        ConfigError: an unknown method name, a :class:`~fednorm.methods.Method` given with
+            ``method_args``, or a model the method cannot serve (here); ``initial_arrays``
+            without the model's tensors (in ``start``).
+        ValueError: a train reply that carries a tensor the method keeps on the client (a
+            handler without ``MethodClient`` or ``keep_local_mod``), with the fix.
+        RuntimeError: ``start`` called a second time (one strategy per run).
+
+    Example:
+        >>> from torch import nn
+        >>> from fednorm.flower import MethodStrategy
+        >>> net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
+        >>> strategy = MethodStrategy("fedbn", net, min_available_nodes=2, fraction_evaluate=0.0)
+        >>> sorted(strategy.method.local_keys)  # FedBN's BatchNorm tensors never leave the nodes
+        ['1.bias', '1.num_batches_tracked', '1.running_mean', '1.running_var', '1.weight']
+        >>> # in the ServerApp's main(grid, context), with MethodClient in the ClientApp:
+        >>> # result = strategy.start(grid, ArrayRecord(net.state_dict()), num_rounds=10,
+        >>> #                         train_config=ConfigRecord({"lr": 0.05}))
     """
 
     def __init__(self, method: str | Method, model: nn.Module, *, method_args: dict[str, Any] | None = None,
