@@ -15,8 +15,9 @@ outcome against a computation that does not use the pieces under test:
      model in evaluation mode;
    - FBN, one step per round: the shared running statistics are centralized BatchNorm's on the
      union batch, and the weights the sample-weighted mean of independently trained clients;
-2. Flower's simulation engine (Ray, 2 virtual SuperNodes): the example app's FedBN run equals
-   the plain-torch loop.
+2. Flower's simulation runtime (``flwr run`` against a simulation SuperLink, Ray, 2 virtual
+   SuperNodes; flwr 1.41 deprecates ``flwr.simulation.run_simulation``): the example app's FedBN
+   run equals the plain-torch loop.
 """
 
 from __future__ import annotations
@@ -389,29 +390,48 @@ def test_a_reply_with_local_tensors_is_refused_with_the_fix(float64):
 
 # -- 2. Flower's simulation engine (Ray) -------------------------------------------------------------
 
+def _toml(value) -> str:
+    """A run-config value as ``flwr run --run-config`` reads it (TOML)."""
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
 @pytest.mark.slow
-def test_the_example_app_on_flowers_simulation_engine_is_the_algorithm():
+def test_the_example_app_on_flowers_simulation_runtime_is_the_algorithm(tmp_path):
+    """The example app as its README runs it, with what Flower 1.41 recommends in place of the
+    deprecated ``flwr.simulation.run_simulation``: ``flwr run`` against a simulation SuperLink
+    (Ray, 2 virtual SuperNodes); the ServerApp saves the final global model to ``out``."""
     pytest.importorskip("ray")
-    from flwr.serverapp import ServerApp
-    from flwr.simulation import run_simulation
+    from test_flower import Federation, needs_daemons
 
+    if needs_daemons.args[0]:
+        pytest.skip(needs_daemons.kwargs["reason"])
+    out = tmp_path / "final.pt"
     run = {**RUN, "num-rounds": 2, "num-nodes": 2, "method": "fedbn"}
-    results = []
-    server = ServerApp()
-
-    @server.main()
-    def main(grid, context) -> None:  # the example's ServerApp logic; the result comes back through the closure
-        results.append(server_app.run(grid, run))
-
-    backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 2, "include_dashboard": False}}
-    run_simulation(server_app=server, client_app=client_app.app, num_supernodes=2, backend_config=backend)
-    assert results, "the ServerApp ended without a result (see the log)"
+    fed = Federation(tmp_path, 2, simulation=True)
+    try:
+        fed.run_args += ["--run-config", " ".join(f"{k}={_toml(v)}" for k, v in {**run, "out": str(out)}.items())]
+        fed.run_app(EXAMPLE, tmp_path / "no-summary", timeout=300.0)  # waits for the run's status: finished:completed
+    finally:
+        fed.close()
     bn = _bn_keys(task.Net(), ("weight", "bias", "running_mean", "running_var", "num_batches_tracked"))
     shared, _ = _reference(run, bn, 2)
-    final = results[0].arrays.to_torch_state_dict()
+    final = torch.load(out)
     for k, v in shared.items():  # float32, and the ClientApps ran with other thread counts
         torch.testing.assert_close(final[k], v, rtol=1e-4, atol=1e-5, msg=lambda m: f"{k}: {m}")
     assert set(final) == set(task.Net().state_dict())
+
+
+def test_nothing_of_the_example_app_uses_flowers_deprecated_run_simulation():
+    """``flwr.simulation.run_simulation`` is deprecated in flwr 1.41 ("use `flwr run`"): the
+    example's README, docs/deploy.md's section on it and this file's run show ``flwr run``."""
+    import re
+
+    readme = (EXAMPLE / "README.md").read_text()
+    deploy = (EXAMPLE.parents[1] / "docs" / "deploy.md").read_text()
+    own_app = deploy[deploy.index("## Use fednorm's methods in your own Flower app"):]
+    assert "flwr run . sim" in readme and "flwr run examples/flower_own_app sim" in own_app
+    for text in (readme, own_app, Path(__file__).read_text().split("# -- 2.")[1]):
+        assert not re.search(r"flwr\.simulation import run_simulation|flwr\.simulation\.run_simulation\(", text)
 
 
 def test_the_example_is_a_flower_app_whose_run_config_is_the_server_apps():

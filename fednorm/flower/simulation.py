@@ -1,4 +1,9 @@
-"""fednorm experiments on Flower's simulation engine (``flwr.simulation.run_simulation``, Ray)."""
+"""fednorm experiments on Flower's simulation engine in this process (``flwr.simulation.run_simulation``, Ray).
+
+flwr 1.41 deprecates ``flwr.simulation.run_simulation`` in favour of ``flwr run`` against a
+SuperLink with the simulation runtime; this wrapper keeps the in-process route (a
+:class:`~fednorm.api.RunResult` back in Python) and lets Flower's deprecation warning through.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,16 @@ def run_simulation(config: ExperimentConfig, *, num_nodes: int = 2, num_cpus: in
 
     ``secure``: aggregate the updates with Flower's SecAgg+ (``fednorm.flower.secure``).
     Ray gets ``num_cpus`` CPUs and runs ⌊num_cpus / cpus_per_node⌋ ClientApps at a time.
+
+    It calls ``flwr.simulation.run_simulation``, which flwr 1.41 deprecates (its warning is
+    logged, not suppressed) and a later flwr may remove. The route Flower recommends, with the
+    same apps and the same results (``tests/test_flower.py`` checks both against the in-process
+    simulator), is an app directory and ``flwr run`` against a simulation SuperLink
+    (docs/deploy.md)::
+
+        fednorm flower-app myapp --config my.yaml --out runs/flower --num-nodes 2
+        flower-superlink --insecure --simulation --host 127.0.0.1 --port 9092 --disable-runtime-dependency-installation &
+        flwr run myapp sim --federation-config "num-supernodes=2 client-resources-num-cpus=1 init-args-num-cpus=2"
     """
     from flwr.simulation import run_simulation as flwr_run_simulation
 
