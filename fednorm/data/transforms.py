@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["normalize", "pixel_value", "random_crop_flip", "draw_crop_flip", "apply_crop_flip", "CropFlip"]
+__all__ = ["normalize", "pixel_value", "random_crop_flip", "draw_crop_flip", "apply_crop_flip", "CropFlip",
+           "draw_crop_flip_rows", "pad_for_crop", "gather_client_batch"]
 
 
 def normalize(
@@ -165,6 +166,106 @@ def apply_crop_flip(x: Tensor, top: Tensor, left: Tensor, flipped: Tensor, *, pa
     flat_index = (rows[:, :, None] * wp + cols[:, None, :]).view(b, 1, h * w)
     out = padded.reshape(b, c, (h + 2 * padding) * wp).gather(2, flat_index.expand(b, c, h * w))
     return out.view(b, c, h, w)
+
+
+def draw_crop_flip_rows(sizes: Sequence[int], generators: Sequence[torch.Generator], *, padding: int = 4,
+                        flip: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`draw_crop_flip` for several clients at once, on the host: client ``i`` draws its
+    ``sizes[i]`` rows' offsets and flips from ``generators[i]`` (CPU generators) exactly as
+    ``draw_crop_flip(sizes[i], padding=padding, flip=flip, generator=generators[i])`` does (the
+    same calls on the same streams, in the same order), written into one buffer per quantity
+    rather than concatenated: the row offsets, column offsets and flip flags of all rows, client
+    after client."""
+    n = sum(sizes)
+    top = torch.empty(n, dtype=torch.int64)
+    left = torch.empty(n, dtype=torch.int64)
+    flipped = torch.zeros(n, dtype=torch.bool)
+    uniform = torch.empty(n) if flip else None
+    hi, start = 2 * padding + 1, 0
+    for size, g in zip(sizes, generators):
+        end = start + size
+        torch.randint(0, hi, (size,), generator=g, out=top[start:end])
+        torch.randint(0, hi, (size,), generator=g, out=left[start:end])
+        if uniform is not None:
+            torch.rand(size, generator=g, out=uniform[start:end])
+        start = end
+    if uniform is not None:
+        torch.lt(uniform, 0.5, out=flipped)
+    return top, left, flipped
+
+
+def pad_for_crop(x: Tensor, padding: int, fill: Sequence[float] | None = None) -> Tensor:
+    """``x`` (``N×C×H×W``) padded by ``padding`` on every side with zeros, or ``fill`` per channel:
+    the source :func:`gather_client_batch` crops from, built once and kept beside the data (the
+    padding :func:`apply_crop_flip` builds for every batch)."""
+    if not padding:
+        return x.contiguous()
+    c = x.shape[1]
+    padded = F.pad(x, (padding, padding, padding, padding))
+    if fill is not None:
+        if len(fill) != c:
+            raise ValueError(f"fill needs one value per channel ({c}), got {len(fill)}")
+        value = torch.tensor(list(fill), dtype=x.dtype, device=x.device).view(1, c, 1, 1)
+        padded[:, :, :padding, :] = value
+        padded[:, :, -padding:, :] = value
+        padded[:, :, :, :padding] = value
+        padded[:, :, :, -padding:] = value
+    return padded
+
+
+def gather_client_batch(source: Tensor, rows: Tensor, clients: int, *, padding: int = 0, top: Tensor | None = None,
+                        left: Tensor | None = None, flipped: Tensor | None = None, channels_last: bool = False) -> Tensor:
+    """One step's batch of ``clients`` clients in the stacked model's client layout, by one gather.
+
+    ``rows`` (``K·B``, client after client) are samples of ``source``, the training images padded
+    by ``padding`` (:func:`pad_for_crop`; unpadded with ``padding=0``). With ``top``/``left``/
+    ``flipped`` (one per row, from :func:`draw_crop_flip`), each row is cropped and flipped as
+    :func:`apply_crop_flip` crops it; without them it is taken whole. The result is
+    ``[B, K·C, H, W]``, what ``to_client_layout(x.view(K, B, C, H, W))`` gives for the per-row
+    path's ``x`` (``channels_last``: in that memory format), with the same values bit for bit:
+    every element is a copy. The indices are computed on ``source``'s device from the per-row
+    numbers, so a step moves no image through the host: the rows' samples are copied whole, then
+    one gather takes each output element from them."""
+    n, c, hp, wp = source.shape
+    h, w = hp - 2 * padding, wp - 2 * padding
+    b = len(rows) // clients
+    dev = source.device
+    r = rows.view(clients, b).t()  # [B, K]
+    if top is None and not padding and not channels_last:  # whole rows, batch-major: already the client layout
+        return source.index_select(0, r.reshape(-1)).view(b, clients * c, h, w)
+    if channels_last and torch.empty(b, clients * c, h, w, device="meta").is_contiguous(memory_format=torch.channels_last):
+        # one channel in all (or one pixel): the batch-major layout already counts as channels-last,
+        # and ``contiguous(memory_format=torch.channels_last)`` keeps its strides, which the model's
+        # kernels choose by; so must this path
+        channels_last = False
+    ar_h = torch.arange(h, device=dev)
+    ar_w = torch.arange(w, device=dev)
+    if top is None:
+        row_start = (ar_h + padding).view(1, 1, h)  # [1, 1, H]
+        cols = (ar_w + padding).view(1, 1, w)  # [1, 1, W]
+    else:
+        assert left is not None and flipped is not None
+        row_start = top.view(clients, b).t().unsqueeze(-1) + ar_h  # [B, K, H]
+        fl = flipped.view(clients, b).t().unsqueeze(-1)  # [B, K, 1]
+        cols = left.view(clients, b).t().unsqueeze(-1) + torch.where(fl, (w - 1) - ar_w, ar_w)  # [B, K, W]
+    # The step's samples first, whole (contiguous copies, batch-major), then the crop's elements
+    # from that small tensor, which the caches hold.
+    samples = source.index_select(0, r.reshape(-1))  # [B·K, C, Hp, Wp]
+    kind = torch.int32 if samples.numel() < 2**31 else torch.int64  # half the index's memory traffic
+    own = torch.arange(b * clients, device=dev).view(b, clients)
+    row_term = (own * (c * hp * wp)).unsqueeze(-1) + row_start * wp  # [B, K, H]: each output row's start, channel 0
+    channel = (torch.arange(c, device=dev) * (hp * wp)).to(kind)
+    flat = samples.view(-1)
+    if not channels_last:  # elements ordered [B, K, C, H, W]
+        starts = row_term.to(kind).unsqueeze(2) + channel.view(1, 1, c, 1)  # [B, K, C, H]
+        index = torch.empty(b, clients, c, h, w, dtype=kind, device=dev)
+        torch.add(starts.unsqueeze(-1), cols.to(kind).unsqueeze(2).unsqueeze(2), out=index)
+        return flat.index_select(0, index.view(-1)).view(b, clients * c, h, w)
+    # elements ordered [B, H, W, K, C]: the channels-last client layout
+    starts = row_term.transpose(1, 2).to(kind).unsqueeze(-1) + channel  # [B, H, K, C]
+    index = torch.empty(b, h, w, clients, c, dtype=kind, device=dev)
+    torch.add(starts.unsqueeze(2), cols.to(kind).transpose(1, 2).unsqueeze(1).unsqueeze(-1), out=index)
+    return flat.index_select(0, index.view(-1)).view(b, h, w, clients * c).permute(0, 3, 1, 2)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ __all__ = ["stack_blockers", "StackedRunsExecutor", "SHARED_FIELDS"]
 SHARED_FIELDS = ("dataset", "dataset_args", "data_dir", "input_norm", "augment", "crop_fill", "model", "model_args", "norm", "norm_args",
                  "method", "method_args", "buffers", "affine", "client_opt", "client_opt_args", "batch_size", "local_epochs",
                  "local_steps", "drop_last", "momentum", "weight_decay", "max_grad_norm", "agc_clip", "dsgd", "dtype", "device",
-                 "channels_last", "executor", "max_parallel_clients")
+                 "channels_last", "train_compile", "executor", "max_parallel_clients")
 
 
 def stack_blockers(configs: Sequence[ExperimentConfig]) -> list[str]:
@@ -135,6 +135,7 @@ class StackedRunsExecutor(VectorizedExecutor):
         self.run_traffic: dict[int, CommTraffic] = {}  # each run's synchronised exchanges this round
         super().__init__(base.model, base.method, union, _RowBank(self), base.spec, base.config.seed,  # type: ignore[arg-type]
                          max_clients=base.config.max_parallel_clients * len(built))
+        self.compile_step = base.config.train_compile
 
     def locate(self, v: int) -> tuple[int, int]:
         """(run, client) of union row ``v``."""

@@ -46,6 +46,7 @@ from ..nn.stacked import (
 from .bank import ClientStateBank
 from .client_rows import ClientRows
 from .executor import MOMENTUM_PREFIX, Executor, stack_uploads
+from .feed import StepFeed, crop_source, to_device
 from .local import LocalSpec, batch_plan, train_local
 from .lockstep import scale_client_grads, synced_loss
 from .rng import derive_seed, torch_generator
@@ -143,6 +144,15 @@ class VectorizedExecutor(Executor):
         self.sequential_after_sync = False
         self._plain: nn.Module | None = None
         self._trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        # Gather each step's batch on the device by one index (fednorm/engine/feed.py); off: the
+        # per-client gather and augmentation of ``_gather`` (the same bits, more host work).
+        self.device_feed = True
+        self._feed_source: torch.Tensor | None = None
+        self._host_rows: dict[int, torch.Tensor] = {}  # each client's dataset rows, on the host
+        # ``torch.compile`` of the stacked model's training forward (config ``train_compile``):
+        # equal to eager to float rounding, not bit for bit; off by default.
+        self.compile_step = False
+        self._compiled: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {}
 
     # -- state movement ---------------------------------------------------------------------
     def _stacked_model(self, k: int) -> nn.Module:
@@ -204,6 +214,61 @@ class VectorizedExecutor(Executor):
         """The chunk's seed for module randomness (dropout)."""
         return derive_seed(self.seed, "module-rng-vectorized", server_round, client_ids[0])
 
+    # -- the step's input and checks ---------------------------------------------------------
+    def _step_feed(self, client_ids: list[int], plans: list[list[torch.Tensor]], gens: list[torch.Generator]) -> StepFeed | None:
+        """The chunk's :class:`~fednorm.engine.feed.StepFeed` (``None``: gather as ``_gather`` does,
+        for non-image data or a padded copy over its budget)."""
+        data, spec = self.data, self.spec
+        if not self.device_feed or data.train_x.dim() != 4:
+            return None
+        if self._feed_source is None:
+            source = crop_source(data.train_x, spec.crop_padding, spec.crop_fill) if spec.augment else data.train_x
+            if source is None:
+                self.device_feed = False
+                return None
+            self._feed_source = source
+        rows = []
+        for c in client_ids:
+            if c not in self._host_rows:
+                self._host_rows[c] = data.client_train[c].cpu()
+            rows.append(self._host_rows[c])
+        return StepFeed(self._feed_source, data.train_y, rows, plans, gens, augment=spec.augment, padding=spec.crop_padding,
+                        channels_last=spec.channels_last)
+
+    def _train_forward(self, net: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The stacked model's training forward: the model itself, or with :attr:`compile_step`
+        its ``torch.compile`` (built once per stacked size; a new batch shape recompiles)."""
+        if not self.compile_step:
+            return net
+        key = id(net)
+        if key not in self._compiled:
+            self._compiled[key] = torch.compile(net)
+        return self._compiled[key]
+
+    @staticmethod
+    def _note_nonfinite(bad_step: torch.Tensor, losses: torch.Tensor, rows: torch.Tensor | None, t: int) -> None:
+        """Mark in ``bad_step`` (``[K]``, 0: none yet) step ``t + 1`` for the rows whose loss is not
+        finite (``rows``: the losses' chunk rows, ``None`` for all), on the device: no wait."""
+        nonfinite = ~torch.isfinite(losses.detach())
+        current = bad_step if rows is None else bad_step.index_select(0, rows)
+        marked = torch.where(nonfinite & (current == 0), torch.full_like(current, t + 1), current)
+        if rows is None:
+            bad_step.copy_(marked)
+        else:
+            bad_step.index_copy_(0, rows, marked)
+
+    def _check_finite(self, bad_step: torch.Tensor, server_round: int, client_ids: list[int]) -> None:
+        """Raise :class:`~fednorm.errors.DivergenceError` for the earliest non-finite step noted in
+        ``bad_step`` (its first client): one read of the device per chunk."""
+        marks = bad_step.cpu()
+        if not bool((marks > 0).any()):
+            return
+        first = int(marks[marks > 0].min())
+        row = int((marks == first).nonzero()[0])
+        raise DivergenceError(
+            f"non-finite training loss at round {server_round}, client {client_ids[row]}, method {self.method.name}, step {first}"
+        )
+
     # -- one round --------------------------------------------------------------------------
     def run_round(
         self, server_round: int, client_ids: list[int], global_state: dict[str, torch.Tensor], lr: float | Sequence[float]
@@ -242,7 +307,7 @@ class VectorizedExecutor(Executor):
         row_lr: torch.Tensor | None = None  # one learning rate per row, when the rows' runs differ in it
         if not isinstance(lr, (int, float)):
             if len(set(lr)) > 1:
-                row_lr = torch.tensor(lr, dtype=torch.float64, device=data.train_x.device)
+                row_lr = to_device(torch.tensor(lr, dtype=torch.float64), data.train_x.device)
             lr = float(lr[0])
         net, locals_ = self._load_chunk(client_ids, global_state)
         net.train()
@@ -256,26 +321,44 @@ class VectorizedExecutor(Executor):
         gens = self._generators(server_round, client_ids)
         indices = [data.client_train[c] for c in client_ids]
         sizes = [len(ix) for ix in indices]
-        plans = [self._batch_plan(n, g) for n, g in zip(sizes, gens)]
+        # The plans stay on the host (drawn there, as always); the step feed maps them to rows once.
+        plans = [self._batch_plan(n, g, device="cpu") for n, g in zip(sizes, gens)]
+        plan_sizes = [[len(b) for b in plan] for plan in plans]
+        feed = self._step_feed(client_ids, plans, gens)
         torch.manual_seed(self._module_seed(server_round, client_ids))
 
         full_momentum: dict[str, torch.Tensor | None] = {n: None for n in full_params}
         dev = data.train_x.device  # index and mask tensors live beside the data (CPU or GPU)
-        full_started = torch.zeros(k, dtype=torch.bool, device=dev)
+        index_cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+        def positions(values: list[int]) -> torch.Tensor:
+            """``values`` as an index tensor on the device, copied once per chunk and set of rows."""
+            key = tuple(values)
+            if key not in index_cache:
+                index_cache[key] = to_device(torch.tensor(values, dtype=torch.long), dev)
+            return index_cache[key]
+
+        # Which rows' momentum recursion has begun, on the device for the arithmetic and on the
+        # host for the step's branch (reading the device's copy would wait for the device).
+        full_started_host = [False] * k
         if spec.dsgd:
             for n, p in full_params.items():
                 saved = [loc.get(MOMENTUM_PREFIX + n) for loc in locals_]
                 if any(v is not None for v in saved):
                     full_momentum[n] = torch.stack([v if v is not None else torch.zeros_like(p[0]) for v in saved])
-            full_started = torch.tensor([any(MOMENTUM_PREFIX + n in loc for n in full_params) for loc in locals_], device=dev)
+            full_started_host = [any(MOMENTUM_PREFIX + n in loc for n in full_params) for loc in locals_]
+        full_started = to_device(torch.tensor(full_started_host, dtype=torch.bool), dev)
 
         rows = list(range(k))  # chunk positions of the working set
         params, buffers, momentum, started = full_params, full_buffers, dict(full_momentum), full_started.clone()
+        started_host = list(full_started_host)
         on_net = True  # the working tensors are the stacked model's own
 
         def write_back() -> None:
             """Store the working set's tensors into the chunk's rows."""
-            idx = torch.tensor(rows, device=dev)
+            idx = positions(rows)
+            for j, i in enumerate(rows):
+                full_started_host[i] = started_host[j]
             with torch.no_grad():
                 if not on_net:
                     for n, p in params.items():
@@ -290,6 +373,9 @@ class VectorizedExecutor(Executor):
                 full_started[idx] = started
 
         loss_sum = torch.zeros(k, dtype=torch.float64, device=dev)
+        # the first local step (1-based) whose loss was not finite, per row (0: none): checked once
+        # the chunk's steps are done, so that no step waits for the device
+        bad_step = torch.zeros(k, dtype=torch.long, device=dev)
         seen = [0] * k
         steps = [0] * k
         num_steps_max = max((len(p) for p in plans), default=0)
@@ -300,6 +386,7 @@ class VectorizedExecutor(Executor):
         has_loss_term = type(method).stacked_client_loss is not Method.stacked_client_loss
         has_gradient_hook = type(method).stacked_client_gradient is not Method.stacked_client_gradient
         self.comm = self.comm_factory()
+        forward = self._train_forward(net)
         for t in range(num_steps_max):
             if t < synced:
                 set_client_comm(net, self.comm, backward=method.sync_backward(server_round))
@@ -309,28 +396,33 @@ class VectorizedExecutor(Executor):
             if active != rows:  # some clients ran out of batches: shrink the working set
                 write_back()
                 rows = active
-                idx = torch.tensor(rows, device=dev)
+                idx = positions(rows)
                 params = {n: p.detach().index_select(0, idx).requires_grad_(True) for n, p in full_params.items()}
                 buffers = {n: b_.index_select(0, idx) for n, b_ in full_buffers.items()}
                 momentum = {n: None if m is None else m.index_select(0, idx) for n, m in full_momentum.items()}
                 started = full_started.index_select(0, idx)
+                started_host = [full_started_host[i] for i in rows]
                 on_net = False
-            frozen_now = frozen if on_net else {n: f.detach().index_select(0, torch.tensor(rows, device=dev)) for n, f in frozen.items()}
+            frozen_now = frozen if on_net else {n: f.detach().index_select(0, positions(rows)) for n, f in frozen.items()}
             kw = len(rows)
             groups: dict[int, list[int]] = defaultdict(list)  # batch size -> positions in the working set
             for j, i in enumerate(rows):
-                groups[len(plans[i][t])].append(j)
+                groups[plan_sizes[i][t]].append(j)
             for p in params.values():
                 p.grad = None
             if t < synced:
                 self._synced_step(net, params, buffers, frozen_now, rows, on_net, plans, indices, gens, t,
-                                  loss_sum, seen, steps, server_round, client_ids, lr, momentum, started)
+                                  loss_sum, seen, steps, server_round, client_ids, lr, momentum, started,
+                                  bad_step=bad_step, positions=positions, started_host=started_host)
+                started_host = [True] * kw
                 if t == synced - 1 and method.reset_momentum_after_sync():
                     momentum = {n: None for n in momentum}
                     started[:] = False
+                    started_host = [False] * kw
                 if t == synced - 1 and self._split_after_sync(server_round, synced, has_loss_term or has_gradient_hook):
                     set_client_comm(net, None)
                     write_back()
+                    self._check_finite(bad_step, server_round, client_ids)  # before the one-by-one steps, as each step did
                     self._train_rest_one_by_one(net, ctx, plans, gens, synced, lr, loss_sum, seen, steps)
                     on_net = True  # the stacked model now holds every client's result (momentum was reset above)
                     break
@@ -339,37 +431,32 @@ class VectorizedExecutor(Executor):
             # the loss on the same (augmented) samples.
             step_batches = []
             for bsz, members in groups.items():
-                x, y = self._gather([rows[j] for j in members], plans, indices, gens, t)
-                step_batches.append((bsz, members, x, y))
-            working = torch.tensor(rows, device=dev)
+                chunk_rows = [rows[j] for j in members]
+                x, y = feed.batch(chunk_rows, t) if feed is not None else self._gather(chunk_rows, plans, indices, gens, t)
+                step_batches.append((bsz, members, chunk_rows, x, y))
+            working = positions(rows)
 
             def step_loss(record: bool) -> torch.Tensor:
                 """The step's loss summed over the working set's clients (each its mean data loss
                 plus its client-loss term); ``record`` books it as the step's training loss."""
                 total = None
-                for bsz, members, x, y in step_batches:
-                    set_forward_clients(net, torch.tensor([rows[j] for j in members], device=dev))
+                for bsz, members, chunk_rows, x, y in step_batches:
+                    set_forward_clients(net, positions(chunk_rows))
                     if len(members) == kw:
-                        logits = net(x) if on_net else functional_call(net, {**params, **buffers, **frozen_now}, (x,))
+                        logits = forward(x) if on_net else functional_call(net, {**params, **buffers, **frozen_now}, (x,))
                     else:
-                        logits = self._subset_forward(net, params, buffers, frozen_now, members, x)
+                        logits = self._subset_forward(net, params, buffers, frozen_now, positions(members), x)
                     kk = len(members)
                     losses = F.cross_entropy(
                         logits.reshape(bsz, kk, -1).transpose(0, 1).reshape(kk * bsz, -1), y, reduction="none"
                     ).view(kk, bsz).mean(dim=1)
-                    if not torch.isfinite(losses).all():
-                        bad = rows[members[int((~torch.isfinite(losses)).nonzero()[0])]]
-                        raise DivergenceError(
-                            f"non-finite training loss at round {server_round}, client {client_ids[bad]}, "
-                            f"method {method.name}, step {t + 1}"
-                        )
+                    self._note_nonfinite(bad_step, losses, None if kk == k else positions(chunk_rows), t)
                     if record:
-                        chunk_rows = [rows[j] for j in members]
                         weighted = losses.detach().double() * bsz
                         if kk == k:
                             loss_sum.add_(weighted)
                         else:
-                            loss_sum.index_add_(0, torch.tensor(chunk_rows, device=dev), weighted)
+                            loss_sum.index_add_(0, positions(chunk_rows), weighted)
                         for i in chunk_rows:
                             seen[i] += bsz
                             steps[i] += 1
@@ -390,8 +477,10 @@ class VectorizedExecutor(Executor):
 
                 method.stacked_client_gradient(ctx, params, buffers, working, closure)
             step_lr = lr if row_lr is None else (row_lr if kw == k else row_lr.index_select(0, working))
-            self._sgd_step(params, momentum, started, step_lr)
+            self._sgd_step(params, momentum, started, step_lr, started_host=started_host)
             started[:] = True
+            started_host = [True] * kw
+        self._check_finite(bad_step, server_round, client_ids)  # the chunk's one wait for the device
         set_client_comm(net, None)
         set_frozen_statistics(net, False)
         set_forward_clients(net, None)
@@ -437,8 +526,9 @@ class VectorizedExecutor(Executor):
             self._plain = copy.deepcopy(self.model)
         plain = self._plain
         stacked = net.state_dict(keep_vars=True)
+        dev = self.data.train_x.device
         for i, cid in enumerate(ctx.client_ids):
-            rest = plans[i][start:]
+            rest = [b.to(dev) for b in plans[i][start:]]
             if not rest:
                 continue
             with torch.no_grad():
@@ -453,30 +543,29 @@ class VectorizedExecutor(Executor):
             steps[i] += result.steps
 
     def _synced_step(self, net, params, buffers, frozen_now, rows, on_net, plans, indices, gens, t,
-                     loss_sum, seen, steps, server_round, client_ids, lr, momentum, started) -> None:
+                     loss_sum, seen, steps, server_round, client_ids, lr, momentum, started, *,
+                     bad_step: torch.Tensor, positions: Callable[[list[int]], torch.Tensor], started_host: list[bool]) -> None:
         """One local step of the working set with BatchNorm synchronised across clients (see
-        :mod:`fednorm.engine.lockstep`); batch sizes may differ."""
+        :mod:`fednorm.engine.lockstep`); batch sizes may differ. A non-finite loss is noted in
+        ``bad_step`` (checked once the chunk's steps are done)."""
         batches = [self._gather_samples([i], plans, indices, gens, t) for i in rows]
-        set_forward_clients(net, torch.tensor(rows, device=self.data.train_x.device))
+        working = positions(rows)
+        set_forward_clients(net, working)
         xs = [x for x, _ in batches]
         ys = [y for _, y in batches]
         def forward(x):
             return net(x) if on_net else functional_call(net, {**params, **buffers, **frozen_now}, (x,))
         losses, total, p = synced_loss(forward, net, xs, ys, channels_last=self.spec.channels_last,
                                        total_batch=self._round_batch(t, rows, plans))
-        if not torch.isfinite(losses).all():
-            bad = rows[int((~torch.isfinite(losses)).nonzero()[0])]
-            raise DivergenceError(
-                f"non-finite training loss at round {server_round}, client {client_ids[bad]}, "
-                f"method {self.method.name}, step {t + 1}"
-            )
+        self._note_nonfinite(bad_step, losses, working, t)
         total.backward()
         scale_client_grads(params, 1.0 / p)
+        counts = torch.tensor([float(len(yb)) for yb in ys], dtype=torch.float64)
+        loss_sum.index_add_(0, working, losses.detach().double() * to_device(counts, loss_sum.device))
         for j, i in enumerate(rows):
-            loss_sum[i] += float(losses[j].detach()) * len(ys[j])
             seen[i] += len(ys[j])
             steps[i] += 1
-        self._sgd_step(params, momentum, started, lr)
+        self._sgd_step(params, momentum, started, lr, started_host=started_host)
         started[:] = True
 
     def _round_batch(self, t: int, rows: list[int] | None = None, plans: list[list[torch.Tensor]] | None = None
@@ -503,7 +592,7 @@ class VectorizedExecutor(Executor):
         """The step-``t`` samples of clients ``members``, concatenated, augmented from each
         client's own stream."""
         data, spec = self.data, self.spec
-        rows = torch.cat([indices[i].index_select(0, plans[i][t]) for i in members])
+        rows = torch.cat([indices[i].index_select(0, plans[i][t].to(indices[i].device)) for i in members])
         x = data.train_x.index_select(0, rows)
         y = data.train_y.index_select(0, rows)
         if spec.augment:
@@ -522,13 +611,14 @@ class VectorizedExecutor(Executor):
         return x, y
 
     @staticmethod
-    def _subset_forward(net, params, buffers, frozen, members, x):
-        """Forward of some rows of the working set (a step where batch sizes differ).
+    def _subset_forward(net, params, buffers, frozen, members: torch.Tensor, x):
+        """Forward of some rows of the working set (a step where batch sizes differ; ``members``:
+        their positions in it, on the device).
 
         Parameters are gathered differentiably, so gradients land in the working tensors;
         BatchNorm statistics updated on the gathered copies are written back.
         """
-        idx = torch.tensor(members, device=x.device)
+        idx = members
         sub = {n: p.index_select(0, idx) for n, p in params.items()}
         sub_buffers = {n: b.index_select(0, idx) for n, b in buffers.items()}
         sub_frozen = {n: f.index_select(0, idx) for n, f in frozen.items()}
@@ -539,10 +629,11 @@ class VectorizedExecutor(Executor):
         return out
 
     @torch.no_grad()
-    def _sgd_step(self, params, momentum, started, lr: float | torch.Tensor) -> None:
+    def _sgd_step(self, params, momentum, started, lr: float | torch.Tensor, started_host: Sequence[bool] | None = None) -> None:
         """``torch.optim.SGD`` (or DSGD's dampened momentum) for every row of the working set (the
         executor drops a client from it once its batches run out); ``started``: which rows' momentum
-        recursion has begun; ``lr`` a float, or a ``[K]`` tensor of each row's learning rate."""
+        recursion has begun (``started_host``: the same flags on the host, which spares reading the
+        device's); ``lr`` a float, or a ``[K]`` tensor of each row's learning rate."""
         if isinstance(lr, torch.Tensor):
             per_row = lr
 
@@ -567,9 +658,11 @@ class VectorizedExecutor(Executor):
                 if p.grad is not None:
                     p.grad.mul_(coef.view(k, *([1] * (p.dim() - 1))).to(p.dtype))
         beta = spec.momentum
-        if bool(started.all()) or not bool(started.any()):
+        if started_host is None:
+            started_host = [bool(v) for v in started.tolist()]
+        if all(started_host) or not any(started_host):
             # Fast path: every client steps and all are at the same point of the momentum recursion.
-            first = not bool(started.any())
+            first = not any(started_host)
             if beta and not first and not spec.dsgd and not spec.weight_decay and all(
                     p.grad is not None and momentum[n] is not None for n, p in params.items()):
                 # the common step, as torch.optim.SGD's foreach kernels: three calls for all tensors
