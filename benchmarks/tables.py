@@ -154,6 +154,19 @@ def distributed_table(results: list[Result]) -> str:
     return _table(head, "|---|---:|---:|---:|---|---:|", rows)
 
 
+def host_overhead_table(results: list[tuple[str, Result]]) -> str:
+    """benchmarks/host_overhead.py, one row per result file: the engine against the feed bound."""
+    head = ["engine", "commit", "engine (samples/s)", "feed bound (samples/s)", "**engine / feed bound**",
+            "engine host CPU per step", "machine load (1 min)"]
+    rows = []
+    for label, r in results:
+        s = r["summary"]
+        rows.append([label, f"`{r['commit'][:7]}`", f"{s['engine_samples_per_s']:.0f}", f"{s['feed_samples_per_s']:.0f}",
+                     f"**{s['fraction']:.2f}**", f"{1000 * s['engine_cpu_s_per_step']:.1f} ms",
+                     f"{r['machine']['load_1min']:.1f} on {r['machine']['cpu_count']} cores"])
+    return _table(head, "|---|---|---:|---:|---:|---:|---|", rows)
+
+
 #: name -> renderer from a results folder; the order of docs/performance.md.
 TABLES: dict[str, Callable[[Path], str]] = {
     "executors_1thread": lambda d: executors_table(load("executors_1thread.json", d)),
@@ -168,6 +181,10 @@ TABLES: dict[str, Callable[[Path], str]] = {
         ("30 runs of FedAvg+BN", load("stacked_runs_gpu_h200_bn30.json", d)),
         ("6 runs of HBN (`default` preset, `--method hbn --norm hbn`)", load("stacked_runs_gpu_h200_hbn6.json", d)),
     ], first="what ran (one H200, 1 thread, `--synthetic`)"),
+    "host_overhead": lambda d: host_overhead_table([
+        ("per-row gather and crop on the host (before issue 49)", load("host_overhead_before.json", d)),
+        ("one gather on the data's device, no reads in the steps", load("host_overhead.json", d)),
+    ]),
     "fedtan_split_b128": lambda d: fedtan_split_table(load("fedtan_split_b128.json", d)),
     "round_vs_centralized": lambda d: round_vs_centralized_table(
         [load(f"round_vs_centralized_{ex}_b{b}.json", d) for ex in ("sequential", "vectorized") for b in (16, 4)]),
