@@ -58,6 +58,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--configs", type=Path, help="folder of the table configs (default: the repository's configs/reproduce)")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--list", action="store_true", help="list the papers, their tables, rows and columns, and exit")
+    what.add_argument("--coverage", action="store_true",
+                      help="rewrite docs/reproduce.md's coverage table (every experiment of the five papers, from "
+                      "configs/reproduce/inventory.yaml, the table configs and the records in reproduction/) and exit")
     p.add_argument("--allow-dirty", action="store_true", help="run even with uncommitted changes to fednorm/ or "
                    "configs/ (refused by default: a result must name the code that made it); the diff's hash is recorded")
     what.add_argument("--dry-run", action="store_true", help="show every planned run and whether it is done, resumable or new; run nothing")
@@ -104,6 +107,23 @@ def _list(args: argparse.Namespace, root: Path | None) -> int:
     return 0
 
 
+def _coverage(root: Path | None) -> int:
+    from ..reproduce.coverage import coverage_markdown, load_inventory, repository_root, update_section
+
+    docs = repository_root() / "docs" / "reproduce.md"
+    section = coverage_markdown(load_inventory(root=root))
+    if not docs.is_file():
+        print(section, end="")
+        return 0
+    text = docs.read_text(encoding="utf-8")
+    new = update_section(text, section)
+    if new != text:
+        docs.write_text(new, encoding="utf-8")
+    print(section.splitlines()[0])
+    print(f"{docs}: coverage table {'rewritten' if new != text else 'already current'}")
+    return 0
+
+
 def _fmt(v: Any) -> str:
     return "—" if v is None else f"{100 * v:.2f}%"
 
@@ -116,6 +136,8 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     root = args.configs
     if args.list:
         return _list(args, root)
+    if args.coverage:
+        return _coverage(root)
     if not args.paper:
         raise ConfigError(f"name a paper: one of {', '.join(PAPERS)} (or --list)")
     if args.export_checkpoints and not args.export:
