@@ -184,6 +184,10 @@ def run_seeds(
 
         config = resolve_config(config)
     base = config.model_dump() if isinstance(config, ExperimentConfig) else dict(config)
+    # config fields given as keywords (partition="iid") are the seeds' config: folded in here, so
+    # the data the stacked seeds share is built from the config each seed records and trains
+    # (they stay in run_kwargs too: a resumed seed takes them as fednorm.run(resume=...) does)
+    base.update({k: v for k, v in run_kwargs.items() if k in ExperimentConfig.model_fields and k not in ("seed", "out")})
     if model is not None:
         from .models.user import UserModel
 

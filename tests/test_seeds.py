@@ -137,3 +137,24 @@ def test_the_overall_bar_counts_every_round_of_every_seed(tmp_path: Path) -> Non
     run_seeds(ExperimentConfig(**TINY), [0, 1], tmp_path, progress=False, on_round=bar, plot=False)
     assert bar.bar.n == bar.bar.total == 4 and "run 2/2: fedavg+bn seed " in out.getvalue()  # stacked: either seed starts second
     bar.close()
+
+
+def test_stacked_seeds_train_on_the_split_their_keyword_config_asks_for(tmp_path):
+    """Config fields given as keywords (partition="iid") decide the data the stacked seeds share:
+    before, the shared copy was built from the config without them (a Dirichlet split under a
+    record that said iid), which the data-field check now refuses; each seed's clients must hold
+    what fednorm.run of that seed's config alone gives them."""
+    import torch
+
+    from fednorm.config import load_config
+    from fednorm.data.federated import federated_data_from_config
+    from fednorm.seeds import run_seeds
+
+    kw = dict(rounds=1, model="mlp", partition="iid", num_clients=4, clients_per_round=2, threads=1)
+    result = run_seeds(None, [0, 1], tmp_path / "s", plot=False, progress=False, **kw)
+    for seed in (0, 1):
+        recorded = json.loads((tmp_path / "s" / f"seed{seed}" / "partition.json").read_text())
+        assert recorded["partition"] == "iid" and result.summaries[seed]["status"] == "completed"
+        alone = federated_data_from_config(load_config(None, {**kw, "seed": seed}))
+        counts = [[int(c) for c in torch.bincount(alone.train_y[idx], minlength=alone.num_classes)] for idx in alone.client_train]
+        assert recorded["train_label_counts"] == counts
