@@ -248,12 +248,6 @@ class ExperimentConfig(BaseModel):
         "to eager training to float rounding, not bit for bit; a first round that compiles; for GPUs, where it also "
         "fuses the step's small kernels",
     )
-    train_compile: bool = Field(
-        False,
-        description="train the stacked clients' model through torch.compile (vectorized and stacked executors): equal "
-        "to eager training to float rounding, not bit for bit; a first round that compiles; for GPUs, where it also "
-        "fuses the step's small kernels",
-    )
     eval_autocast: Literal["none", "bfloat16"] = Field(
         "none", description="evaluate under torch.autocast in bfloat16 (for GPUs and CPUs with bf16 units; slower on others)"
     )

@@ -293,7 +293,6 @@ class Simulation:
         try:
             executor = VectorizedExecutor(*args, max_clients=cfg.max_parallel_clients)
             executor.compile_step = cfg.train_compile
-            executor.compile_step = cfg.train_compile
             if lockstep and one_by_one is not None:
                 # The synchronised steps need the stacked model; the rest need not.
                 executor.sequential_after_sync = True
