@@ -148,16 +148,7 @@ def apply_crop_flip(x: Tensor, top: Tensor, left: Tensor, flipped: Tensor, *, pa
     """Crop each sample of ``x`` (``B×C×H×W``) at its offsets after padding (with zeros, or
     ``fill`` per channel), flipping where asked."""
     b, c, h, w = x.shape
-    padded = F.pad(x, (padding, padding, padding, padding)) if padding else x
-    if padding and fill is not None:
-        if len(fill) != c:
-            raise ValueError(f"fill needs one value per channel ({c}), got {len(fill)}")
-        value = torch.tensor(list(fill), dtype=x.dtype, device=x.device).view(1, c, 1, 1)
-        # the border only: the image inside is copied untouched
-        padded[:, :, :padding, :] = value
-        padded[:, :, -padding:, :] = value
-        padded[:, :, :, :padding] = value
-        padded[:, :, :, -padding:] = value
+    padded = pad_for_crop(x, padding, fill)
     wp = w + 2 * padding
     rows = top[:, None] + torch.arange(h, device=x.device)  # B×H
     col_steps = torch.arange(w, device=x.device)
@@ -206,6 +197,7 @@ def pad_for_crop(x: Tensor, padding: int, fill: Sequence[float] | None = None) -
         if len(fill) != c:
             raise ValueError(f"fill needs one value per channel ({c}), got {len(fill)}")
         value = torch.tensor(list(fill), dtype=x.dtype, device=x.device).view(1, c, 1, 1)
+        # the border only: the image inside is copied untouched
         padded[:, :, :padding, :] = value
         padded[:, :, -padding:, :] = value
         padded[:, :, :, :padding] = value
