@@ -12,6 +12,13 @@ A run is *stuck* at round r when at least 99% of its test predictions fall in on
 ``top_class_share`` (written before it existed) fall back to an accuracy of exactly 10.00% on the
 balanced test set, and the output says so.
 
+*Still* stuck at round r means stuck at every evaluation up to r, which is what the rate counts.
+That lets a long horizon be measured by continuing only the runs still stuck at a shorter one:
+``--reference A.jsonl,B.jsonl`` and ``--fednorm LABEL=DIR1,DIR2`` merge their runs seed by seed
+(a later source's evaluations extend or replace an earlier one's). A run that left one class
+before its records end is not stuck at any later round, so it counts at r without having
+been continued; the output's ``carried`` says how many runs were counted that way.
+
     python benchmarks/stuck_rate.py --reference /work/stuck/reference_bn_phi0.6_r40.jsonl \
         --fednorm BN=/work/stuck/fednorm_bn_phi0.6_r40/table1/bn__phi0.6 --rounds 20,40 \
         --out reproduction/hbn/stuck_rate/bn_phi0.6_r40.json
@@ -60,6 +67,16 @@ def reference_runs(path: Path) -> dict[int, dict[int, dict[str, Any]]]:
     return runs
 
 
+def merge(sources: list[dict[int, dict[int, dict[str, Any]]]]) -> dict[int, dict[int, dict[str, Any]]]:
+    """The runs of several sources, seed by seed: a later source's evaluations extend (or, at the
+    same round, replace) an earlier one's, as a run continued to a longer horizon does."""
+    out: dict[int, dict[int, dict[str, Any]]] = {}
+    for runs in sources:
+        for seed, evals in runs.items():
+            out.setdefault(seed, {}).update(evals)
+    return out
+
+
 def fednorm_runs(cell: Path) -> tuple[dict[int, dict[int, dict[str, Any]]], bool]:
     """seed -> round -> record from a table cell's ``seed<k>/metrics.jsonl``, and whether any
     record lacked ``top_class_share`` (stuck then read as an accuracy of exactly 10.00%)."""
@@ -86,42 +103,66 @@ def fednorm_runs(cell: Path) -> tuple[dict[int, dict[int, dict[str, Any]]], bool
     return runs, fallback
 
 
+def still_stuck(evals: dict[int, dict[str, Any]], r: int) -> bool | None:
+    """Whether a run is stuck at every evaluation up to round ``r``; None when that is unknown
+    (its records end before ``r`` while it was still stuck, or it has none up to ``r``)."""
+    upto = [evals[k] for k in sorted(evals) if k <= r]
+    if not upto:
+        return None
+    if not all(e["stuck"] for e in upto):
+        return False  # it left one class by round r
+    return True if r in evals else None
+
+
 def rate(runs: dict[int, dict[int, dict[str, Any]]], r: int) -> dict[str, Any]:
-    """The stuck count at round ``r`` over the runs evaluated there, and the accuracy of the others."""
-    at = {s: ev[r] for s, ev in runs.items() if r in ev}
-    stuck = sorted(s for s, e in at.items() if e["stuck"])
-    trained = [100 * e["accuracy"] for s, e in at.items() if not e["stuck"]]
-    return {"round": r, "runs": len(at), "stuck": len(stuck), "stuck_seeds": stuck,
-            "rate": len(stuck) / len(at) if at else None,
+    """The count of runs still stuck at round ``r`` (stuck at every evaluation up to it) over the
+    runs whose state at ``r`` is known, and the accuracy at ``r`` of the runs evaluated there
+    that are not stuck."""
+    known = {s: v for s, ev in runs.items() if (v := still_stuck(ev, r)) is not None}
+    stuck = sorted(s for s, v in known.items() if v)
+    carried = sum(1 for s in known if r not in runs[s])
+    # stuck at r after leaving one class earlier (a collapse, not a stuck start): counted apart
+    relapsed = sorted(s for s in known if r in runs[s] and runs[s][r]["stuck"] and not known[s])
+    trained = [100 * runs[s][r]["accuracy"] for s in known if r in runs[s] and not runs[s][r]["stuck"]]
+    return {"round": r, "runs": len(known), "stuck": len(stuck), "stuck_seeds": stuck,
+            "rate": len(stuck) / len(known) if known else None, "carried": carried, "relapsed_seeds": relapsed,
+            "trained_runs": len(trained),
             "trained_mean": statistics.fmean(trained) if trained else None,
             "trained_std": statistics.stdev(trained) if len(trained) > 1 else None}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reference", type=Path, action="append", default=[], help="reference loop JSONL (repeatable)")
-    ap.add_argument("--fednorm", action="append", default=[], metavar="LABEL=CELL_DIR",
-                    help="a table cell folder of fednorm runs (seed<k>/metrics.jsonl), e.g. BN=out/table1/bn__phi0.6")
+    ap.add_argument("--reference", action="append", default=[], metavar="JSONL[,JSONL...]",
+                    help="reference loop JSONL (repeatable; comma-separated files merge into one loop, later ones "
+                    "continuing runs of earlier ones)")
+    ap.add_argument("--fednorm", action="append", default=[], metavar="LABEL=CELL_DIR[,CELL_DIR...]",
+                    help="a table cell folder of fednorm runs (seed<k>/metrics.jsonl), e.g. BN=out/table1/bn__phi0.6; "
+                    "comma-separated folders merge as --reference's files do")
     ap.add_argument("--rounds", default="20,40", help="rounds at which to count (comma-separated)")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = ap.parse_args()
     rounds = [int(r) for r in args.rounds.split(",")]
     loops: dict[str, dict[int, dict[int, dict[str, Any]]]] = {}
     notes: dict[str, str] = {}
-    for path in args.reference:
-        loops[f"reference loop ({path.name})"] = reference_runs(path)
+    for item in args.reference:
+        paths = [Path(p) for p in item.split(",")]
+        loops["reference loop (" + ", ".join(p.name for p in paths) + ")"] = merge([reference_runs(p) for p in paths])
     for item in args.fednorm:
-        label, _, cell = item.partition("=")
-        runs, fallback = fednorm_runs(Path(cell))
-        loops[f"fednorm {label}"] = runs
+        label, _, cells = item.partition("=")
+        parts = [fednorm_runs(Path(c)) for c in cells.split(",")]
+        loops[f"fednorm {label}"] = merge([runs for runs, _ in parts])
+        fallback = any(f for _, f in parts)
         if fallback:
             notes[f"fednorm {label}"] = "some records lack top_class_share: stuck read as accuracy exactly 10.00%"
     table = {name: [rate(runs, r) for r in rounds] for name, runs in loops.items()}
-    print("| loop | " + " | ".join(f"stuck at round {r}" for r in rounds) + " | trained runs' accuracy at round "
+    print("| loop | " + " | ".join(f"still stuck at round {r}" for r in rounds) + " | trained runs' accuracy at round "
           f"{rounds[-1]} (%) |")
     print("|---|" + "---:|" * (len(rounds) + 1))
     for name, rows in table.items():
-        cells = [f"{x['stuck']}/{x['runs']} ({100 * x['rate']:.0f}%)" if x["runs"] else "n/a" for x in rows]
+        cells = [(f"{x['stuck']}/{x['runs']} ({100 * x['rate']:.0f}%)" + (f", {x['carried']} carried" if x["carried"] else "")
+                  + (f", relapsed {x['relapsed_seeds']}" if x["relapsed_seeds"] else "")) if x["runs"] else "n/a"
+                 for x in rows]
         last = rows[-1]
         acc = (f"{last['trained_mean']:.2f} ± {last['trained_std']:.2f}" if last["trained_std"] is not None
                else (f"{last['trained_mean']:.2f}" if last["trained_mean"] is not None else "n/a"))
@@ -141,7 +182,8 @@ def main() -> None:
         print(f"note, {name}: {note}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"definition": f"stuck: top_class_share >= {STUCK_SHARE}", "rounds": rounds,
+        args.out.write_text(json.dumps({"definition": f"stuck: top_class_share >= {STUCK_SHARE}; still stuck at r: "
+                                        "stuck at every evaluation up to r", "rounds": rounds,
                                         "rates": table, "fisher": tests, "notes": notes,
                                         "inputs": {"reference": [str(p) for p in args.reference], "fednorm": args.fednorm}},
                                        indent=2) + "\n")

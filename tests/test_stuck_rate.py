@@ -45,3 +45,34 @@ def test_fednorm_records_are_read_as_stuck_when_one_class_takes_the_predictions(
     assert (at20["stuck"], at20["runs"], at20["stuck_seeds"]) == (2, 3, [0, 1])
     assert (at40["stuck"], at40["stuck_seeds"]) == (1, [0])
     assert at40["trained_mean"] == pytest.approx(40.0)
+
+
+def _cell(root: Path, records: dict[int, list[tuple[int, float, float]]]) -> Path:
+    for seed, evals in records.items():
+        d = root / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "test_accuracy": a, "top_class_share": s}) + "\n"
+                                                 for r, a, s in evals))
+    return root
+
+
+def test_a_longer_horizon_continues_only_the_runs_still_stuck(tmp_path):
+    # 40 rounds for every seed; then only the seeds still stuck at 40 (0 and 1) continued to 100
+    short = _cell(tmp_path / "r40", {0: [(20, 0.1, 1.0), (40, 0.1, 1.0)], 1: [(20, 0.1, 1.0), (40, 0.1, 1.0)],
+                                     2: [(20, 0.3, 0.3), (40, 0.4, 0.2)], 3: [(20, 0.1, 1.0), (40, 0.3, 0.3)]})
+    longer = _cell(tmp_path / "r100", {0: [(20, 0.1, 1.0), (40, 0.1, 1.0), (100, 0.1, 1.0)],
+                                       1: [(20, 0.1, 1.0), (40, 0.1, 1.0), (100, 0.5, 0.2)]})
+    runs = sr.merge([sr.fednorm_runs(short)[0], sr.fednorm_runs(longer)[0]])
+    at100 = sr.rate(runs, 100)
+    # seed 0 never left one class; 1 left between 40 and 100; 2 and 3 had left by 40 (carried, not rerun)
+    assert (at100["stuck"], at100["runs"], at100["stuck_seeds"], at100["carried"]) == (1, 4, [0], 2)
+    assert at100["trained_runs"] == 1 and at100["trained_mean"] == pytest.approx(50.0)
+    # without the continuation the state at 100 of seeds 0 and 1 is unknown, so they are not counted
+    alone = sr.rate(sr.fednorm_runs(short)[0], 100)
+    assert (alone["runs"], alone["stuck"], alone["carried"]) == (2, 0, 2)
+
+
+def test_a_run_that_falls_back_to_one_class_is_not_a_stuck_start(tmp_path):
+    runs = sr.fednorm_runs(_cell(tmp_path / "c", {0: [(20, 0.3, 0.3), (40, 0.1, 1.0)]}))[0]
+    at40 = sr.rate(runs, 40)
+    assert (at40["stuck"], at40["relapsed_seeds"], at40["trained_runs"]) == (0, [0], 0)
