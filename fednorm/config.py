@@ -49,7 +49,7 @@ class ExperimentConfig(BaseModel):
         description="options of the dataset, e.g. {domains: {a: path/a, b: b.npz}, image_size: 28, channels: 3} for 'domains' (docs/data.md)",
     )
     partition: str = Field("dirichlet", description="how training data is split over clients (`fednorm list partitions`)")
-    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (dirichlet, quantity); smaller is more skewed")
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (dirichlet, dirichlet_client, quantity); smaller is more skewed")
     classes_per_client: int = Field(2, ge=1, description="classes per client (classes partition)")
     gamma: float = Field(0.5, ge=0, le=1, description="fraction of iid data (gamma partition, FBN paper)")
     min_size: int = Field(1, ge=0, description="minimum training samples per client (dirichlet, quantity)")

@@ -112,6 +112,7 @@ def test_byzantine_settings_are_validated():
 PARTITIONS = {  # every partition of `fednorm list`, each with the options it needs; clients end up unequal
     "iid": {},
     "dirichlet": {"alpha": 0.3},
+    "dirichlet_client": {"alpha": 0.3},
     "classes": {"classes_per_client": 2},
     "gamma": {"gamma": 0.5},
     "quantity": {},

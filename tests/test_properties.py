@@ -366,7 +366,7 @@ def valid_call(draw, name: str) -> tuple[np.ndarray, Any, int, int, dict[str, An
     n, present = len(labels), len(np.unique(labels))
     num_clients = draw(st.integers(1, n))
     params: dict[str, Any] = {}
-    if name in ("dirichlet", "quantity"):
+    if name in ("dirichlet", "dirichlet_client", "quantity"):
         params["alpha"] = 10.0 ** draw(st.floats(-8, 3))  # README: no hang or NaN down to 1e-8
         params["min_size"] = draw(st.integers(0, n // num_clients))
     if name == "dirichlet":
@@ -409,7 +409,7 @@ def test_valid_partitions_never_crash_and_give_each_sample_at_most_once(name: st
         assert len(allidx) == n, "a sample was dropped"
     if name in ("dirichlet", "quantity"):
         assert sizes.min() >= params["min_size"]
-    if name == "iid":
+    if name in ("iid", "dirichlet_client"):
         assert sizes.max() - sizes.min() <= 1
     if name == "gamma":
         assert sizes.max() - sizes.min() <= 2
@@ -421,7 +421,7 @@ def test_valid_partitions_never_crash_and_give_each_sample_at_most_once(name: st
 # ---------------------------------------------------------------------- invalid partition inputs
 
 # Which parameters each scheme reads: a corrupted parameter must reach the function to be tested.
-_READS = {"alpha": ("dirichlet", "quantity"), "classes_per_client": ("classes",), "gamma": ("gamma",)}
+_READS = {"alpha": ("dirichlet", "dirichlet_client", "quantity"), "classes_per_client": ("classes",), "gamma": ("gamma",)}
 
 
 @st.composite
@@ -475,6 +475,6 @@ def test_alpha_too_small_to_sample_is_refused(labels_c, alpha: float, data) -> N
     labels, _ = labels_c
     if len(labels) < 2:
         labels = np.array([0, 1, 0])
-    name = data.draw(st.sampled_from(["quantity", "dirichlet"]))
+    name = data.draw(st.sampled_from(["quantity", "dirichlet", "dirichlet_client"]))
     with pytest.raises(PartitionError, match="too small"):
         partition(name, labels, 2, seed=0, alpha=alpha, min_size=0)

@@ -44,7 +44,7 @@ from .partition_base import (
     register_partition,
 )
 from .partition_domain import client_domains, domains, split_by_domain
-from .partition_label import classes, dirichlet, gamma, iid, quantity
+from .partition_label import classes, dirichlet, dirichlet_client, gamma, iid, quantity
 
 __all__ = [
     "PARTITIONS",
@@ -55,6 +55,7 @@ __all__ = [
     "check_partition_args",
     "iid",
     "dirichlet",
+    "dirichlet_client",
     "classes",
     "gamma",
     "quantity",

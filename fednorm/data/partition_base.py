@@ -121,8 +121,11 @@ def _class_indices(labels: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     return present, np.split(order, starts[1:])
 
 
-def _sample_dirichlet(rng: np.random.Generator, alpha: float, size: tuple[int, int]) -> np.ndarray:
+def _sample_dirichlet(rng: np.random.Generator, alpha: float | np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Rows ~ Dir(alpha·1), computed in log space so that tiny ``alpha`` never underflows.
+
+    ``alpha`` may also be an array of one concentration per column (rows ~ Dir(alpha)), as the
+    per-client draw Dir(alpha·p) of :func:`~fednorm.data.partition_label.dirichlet_client` needs.
 
     A Gamma(alpha) variate is Gamma(alpha + 1)·U^(1/alpha) with U ~ U(0, 1] independent
     (Marsaglia & Tsang 2000, §3), so log G = log Gamma(alpha + 1) + log(U)/alpha is finite for any

@@ -1,5 +1,5 @@
-"""The label partitions: IID, per-class Dirichlet label skew, k classes per client, FBN's
-γ-similarity and quantity skew (the non-IID generators of the papers fednorm reproduces).
+"""The label partitions: IID, per-class and per-client (Hsu et al.) Dirichlet label skew, k classes
+per client, FBN's γ-similarity and quantity skew (the non-IID generators of the papers fednorm reproduces).
 
 Split out of :mod:`fednorm.data.partition` (one module per family); they are registered in
 :data:`~fednorm.data.partition_base.PARTITIONS` and importable from :mod:`fednorm.data.partition`
@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import PartitionError
 from .partition_base import (
+    _MIN_ALPHA,
     _apportion,
     _check_alpha,
     _check_labels,
@@ -30,7 +31,7 @@ from .partition_base import (
     register_partition,
 )
 
-__all__ = ["iid", "dirichlet", "classes", "gamma", "quantity"]
+__all__ = ["iid", "dirichlet", "dirichlet_client", "classes", "gamma", "quantity"]
 
 
 @register_partition("iid")
@@ -91,7 +92,8 @@ def dirichlet(
     ``alpha`` as small as 1e-4 gives valid, NaN-free proportions.
 
     FBN (Guerraoui et al., 2024, App. C.2) cites Hsu et al.'s method, which draws per *client*
-    (q_i ~ Dir(alpha·p), equal client sizes); this function implements the per-class variant.
+    (q_i ~ Dir(alpha·p), equal client sizes); this function implements the per-class variant, and
+    :func:`dirichlet_client` the per-client one.
 
     Args:
         labels: 1-D array of non-negative integer labels.
@@ -163,6 +165,83 @@ def dirichlet(
         stacklevel=2,
     )
     return _finish(parts)
+
+
+def _client_class_proportions(
+    rng: np.random.Generator, alpha: float, prior: np.ndarray, num_clients: int
+) -> np.ndarray:
+    """q_i ~ Dir(alpha·p) for each client i: a ``[num_clients, num_classes]`` array, rows summing to 1."""
+    concentration = np.maximum(alpha * np.asarray(prior, dtype=float), _MIN_ALPHA)
+    return _sample_dirichlet(rng, concentration, (num_clients, len(concentration)))
+
+
+@register_partition("dirichlet_client")
+def dirichlet_client(labels: Any, num_clients: int, *, alpha: float, seed: int) -> list[np.ndarray]:
+    """Per-client Dirichlet label skew with equal client sizes (Hsu et al. 2019, arXiv:1909.06335).
+
+    Each client i draws its class proportions q_i ~ Dir(alpha·p), where p is the prior class
+    distribution (the class frequencies of ``labels``; uniform on CIFAR-10), and is given
+    ``N / K`` samples (sizes differ by at most one, every sample is used). The samples are handed
+    out one at a time, to the clients in a seeded random order (each client as often as its size):
+    a client's sample is of class c with probability q_i,c, drawn without replacement from the
+    class's shuffled samples. When a class runs out, the clients still filling redraw among the
+    classes left, i.e. from q_i restricted to them and renormalised (Hsu et al.'s "redistribute";
+    where q_i has no mass left on them, in proportion to the samples left). Until classes run
+    out, a client's label mix is a multinomial sample of its q_i; as alpha grows it tends to p
+    (IID), as alpha falls to one class per client. This is the split of FBN's Dirichlet
+    experiments (Guerraoui et al., 2024, App. C.2 and C.3.2, citing Hsu et al.);
+    :func:`dirichlet` is the per-class variant (unequal client sizes) that HBN and LN/FN use.
+
+    The proportions are the first draw of ``np.random.default_rng(seed)``, so
+    ``_client_class_proportions(np.random.default_rng(seed), alpha, p, K)`` recomputes them.
+    [code≠here] FedLab's ``client_inner_dirichlet_partition`` (a Hsu-style implementation) draws
+    q_i ~ Dir(alpha·1), i.e. this function's alpha times the number of classes for a uniform p, and
+    picks a uniformly random unfilled client at each step instead of one in proportion to the
+    room it has left.
+
+    Args:
+        labels: 1-D array of non-negative integer labels.
+        num_clients: number of clients K, ``1 <= K <= len(labels)``.
+        alpha: Dirichlet concentration, finite and > 0; smaller means more skew.
+        seed: seed of the partitioner's ``np.random.default_rng``.
+
+    Returns:
+        One sorted ``int64`` index array per client; every index appears exactly once and client
+        sizes differ by at most one.
+
+    Raises:
+        PartitionError: on invalid arguments.
+    """
+    labels = _check_labels(labels)
+    num_clients = _check_num_clients(num_clients, len(labels))
+    alpha = _check_alpha(alpha)
+    rng = np.random.default_rng(_check_seed(seed))
+    _, by_class = _class_indices(labels)
+    left = np.array([len(idx) for idx in by_class], dtype=np.int64)
+    q = _client_class_proportions(rng, alpha, left / left.sum(), num_clients)
+    sizes = np.array([len(a) for a in np.array_split(np.arange(len(labels)), num_clients)])
+    pools = [rng.permutation(idx) for idx in by_class]
+    turns = rng.permutation(np.repeat(np.arange(num_clients), sizes))  # whose sample comes next
+    draws = rng.random(len(turns))
+
+    owner = np.empty(len(labels), dtype=np.int64)
+    cum = np.cumsum(q, axis=1)  # per client, the CDF of its q over the classes not yet exhausted
+    for client, u in zip(turns.tolist(), draws.tolist()):
+        row = cum[client]
+        if row[-1] > 0:
+            weights = row
+        else:  # q_i's mass is all on exhausted classes: draw in proportion to what is left
+            weights = np.cumsum(left)
+        c = int(np.searchsorted(weights, u * weights[-1], side="right"))
+        if c == len(weights):  # u * total rounded up to the total: the last class with mass
+            c = int(np.flatnonzero(np.diff(weights, prepend=0.0) > 0)[-1])
+        left[c] -= 1
+        owner[pools[c][left[c]]] = client
+        if left[c] == 0:
+            q[:, c] = 0.0
+            cum = np.cumsum(q, axis=1)
+    order = np.argsort(owner, kind="stable")
+    return _finish(np.split(order, np.cumsum(sizes)[:-1]))
 
 
 def _class_sets(

@@ -17,6 +17,7 @@ from fednorm.data.partition import (
     classes,
     describe,
     dirichlet,
+    dirichlet_client,
     gamma,
     get_partition,
     iid,
@@ -27,6 +28,7 @@ from fednorm.data.partition import (
     split_like,
 )
 from fednorm.data.partition_base import _sample_dirichlet
+from fednorm.data.partition_label import _client_class_proportions
 from fednorm.errors import PartitionError, UnknownNameError
 
 # Every knob of every scheme; partition() passes each function only the ones it accepts.
@@ -117,10 +119,10 @@ class TestEveryPartitionSuccess:
 
 class TestDispatch:
     def test_registered_names(self) -> None:
-        assert {"iid", "dirichlet", "classes", "gamma", "quantity"} <= set(list_partitions())
+        assert {"iid", "dirichlet", "dirichlet_client", "classes", "gamma", "quantity"} <= set(list_partitions())
         assert get_partition("Dirichlet") is dirichlet
         assert get_partition("IID") is iid
-        assert list_partitions("di*") == ["dirichlet"]
+        assert list_partitions("di*") == ["dirichlet", "dirichlet_client"]
 
     def test_unknown_name_suggests(self) -> None:
         with pytest.raises(UnknownNameError, match="dirichlet"):
@@ -138,7 +140,7 @@ class TestDispatch:
         b = dirichlet(labels, 4, seed=0, alpha=1.0)
         assert all(np.array_equal(x, y) for x, y in zip(a, b))
 
-    @pytest.mark.parametrize("name,param", [("dirichlet", "alpha"), ("classes", "classes_per_client"),
+    @pytest.mark.parametrize("name,param", [("dirichlet", "alpha"), ("dirichlet_client", "alpha"), ("classes", "classes_per_client"),
                                             ("gamma", "gamma"), ("quantity", "alpha")])
     def test_missing_required_param_raises(self, name: str, param: str) -> None:
         with pytest.raises(PartitionError, match=param):
@@ -234,6 +236,62 @@ class TestDirichletFailure:
     def test_bad_alpha(self, alpha) -> None:
         with pytest.raises(PartitionError, match="alpha"):
             dirichlet(_balanced(), 10, alpha=alpha, seed=0)
+
+
+# ------------------------------------------------------------------ dirichlet_client (Hsu et al.)
+
+
+class TestDirichletClient:
+    def test_equal_sizes_every_sample_once(self) -> None:
+        labels = _balanced(per_class=101)  # 1010 samples over 7 clients: sizes 145 or 144
+        parts = dirichlet_client(labels, 7, alpha=0.1, seed=0)
+        _assert_well_formed(parts, 7)
+        _assert_exact_cover(parts, len(labels))
+        assert sorted(len(p) for p in parts) == [144] * 5 + [145] * 2
+
+    def test_proportions_are_dirichlet_alpha_times_the_prior(self) -> None:
+        prior = np.array([0.7, 0.1, 0.1, 0.1])  # Dir(5·p): mean p, Var q_c = p_c (1 - p_c) / 6
+        q = _client_class_proportions(np.random.default_rng(0), 5.0, prior, 20000)
+        np.testing.assert_allclose(q.sum(1), 1.0)
+        np.testing.assert_allclose(q.mean(0), prior, atol=0.005)
+        np.testing.assert_allclose(q.var(0), prior * (1 - prior) / 6, rtol=0.05)
+
+    def test_each_client_mix_follows_its_own_draw(self) -> None:
+        labels = _balanced(per_class=1000)  # 50 clients of 200 samples; q_i ~ Dir(1, ..., 1)
+        parts = dirichlet_client(labels, 50, alpha=10.0, seed=3)
+        q = _client_class_proportions(np.random.default_rng(3), 10.0, np.full(10, 0.1), 50)
+        hist = label_histogram(labels, parts).astype(float)
+        mix = hist / hist.sum(1, keepdims=True)
+        tv = 0.5 * np.abs(mix[:, None, :] - q[None, :, :]).sum(-1)  # [client, draw]
+        own, other = np.diag(tv).mean(), tv[~np.eye(50, dtype=bool)].mean()
+        assert own < 0.15 and own < other / 3, (own, other)
+
+    def test_large_alpha_is_close_to_iid_small_alpha_is_skewed(self) -> None:
+        labels = _balanced(per_class=1000)
+        tv = {a: np.mean([_tv_from_global(labels, dirichlet_client(labels, 10, alpha=a, seed=s)) for s in range(3)])
+              for a in (1e4, 10.0, 1.0, 0.1)}
+        iid_tv = np.mean([_tv_from_global(labels, iid(labels, 10, seed=s)) for s in range(3)])
+        assert tv[1e4] < iid_tv + 0.02 and tv[1e4] < 0.05
+        assert tv[1e4] < tv[10.0] < tv[1.0] and tv[0.1] > 0.4
+
+    def test_deterministic_given_the_seed(self) -> None:
+        labels = _balanced()
+        a, b = dirichlet_client(labels, 6, alpha=0.5, seed=11), dirichlet_client(labels, 6, alpha=0.5, seed=11)
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+        c = dirichlet_client(labels, 6, alpha=0.5, seed=12)
+        assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+
+    def test_tiny_alpha_and_unbalanced_classes_keep_equal_sizes(self) -> None:
+        labels = np.random.default_rng(0).permutation(np.repeat(np.arange(5), [500, 200, 100, 20, 3]))
+        parts = dirichlet_client(labels, 9, alpha=1e-6, seed=0)
+        _assert_exact_cover(parts, len(labels))
+        sizes = [len(p) for p in parts]
+        assert max(sizes) - min(sizes) <= 1  # the rare classes run out early; clients refill from the rest
+
+    @pytest.mark.parametrize("alpha", [0, -1.0, float("nan"), float("inf"), "0.5", None])
+    def test_bad_alpha(self, alpha) -> None:
+        with pytest.raises(PartitionError, match="alpha"):
+            dirichlet_client(_balanced(), 10, alpha=alpha, seed=0)
 
 
 # ------------------------------------------------------------------ classes
@@ -380,7 +438,7 @@ class TestQuantitySuccess:
         (dict(seed=0.5), "seed"),
     ],
 )
-@pytest.mark.parametrize("name", ["iid", "dirichlet", "classes", "gamma", "quantity"])
+@pytest.mark.parametrize("name", ["iid", "dirichlet", "dirichlet_client", "classes", "gamma", "quantity"])
 def test_invalid_common_arguments_raise_partition_error(name: str, kwargs: dict, arg: str) -> None:
     call = dict(labels=_balanced(), num_clients=5, seed=0)
     call.update(kwargs)
@@ -520,7 +578,7 @@ _CORRUPTIONS = [
 ]
 # Which partitioners read which parameter (the corruption must reach the function to be tested).
 _READS = {
-    "alpha": {"dirichlet", "quantity"}, "min_size": {"dirichlet", "quantity"}, "max_retries": {"dirichlet"},
+    "alpha": {"dirichlet", "dirichlet_client", "quantity"}, "min_size": {"dirichlet", "quantity"}, "max_retries": {"dirichlet"},
     "classes_per_client": {"classes"}, "mode": {"classes"}, "gamma": {"gamma"},
 }
 

@@ -26,6 +26,7 @@ class Figure:
 def _setting(config: dict[str, Any]) -> str:
     """The data a variant trains on (one curve figure each): dataset, partition and its skew, clients."""
     skew = {"dirichlet": f"dirichlet alpha={config.get('alpha')}", "quantity": f"quantity alpha={config.get('alpha')}",
+            "dirichlet_client": f"dirichlet per client alpha={config.get('alpha')}",
             "classes": f"classes, {config.get('classes_per_client')} classes/client", "gamma": f"gamma={config.get('gamma')}"}
     part = str(config.get("partition"))
     n = config.get("num_clients")
