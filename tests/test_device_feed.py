@@ -24,7 +24,8 @@ from fednorm.data.transforms import (
     pixel_value,
     random_crop_flip,
 )
-from fednorm.engine import vectorized
+from fednorm.engine import executor, local, simulator, vectorized
+from fednorm.engine.feed import crop_rows
 from fednorm.nn.stacked import to_client_layout
 
 BASE = dict(dataset="digits", partition="dirichlet", alpha=0.5, num_clients=6, clients_per_round=4, batch_size=8, lr=0.05,
@@ -129,6 +130,55 @@ def test_a_stacked_set_and_a_run_alone_train_the_bits_of_the_per_row_gather(case
     _same(fed, ref)
 
 
+@pytest.mark.parametrize("padding", [0, 3])
+@pytest.mark.parametrize("fill", [None, (0.25, -1.5)])
+def test_crop_rows_crops_each_clients_rows_as_random_crop_flip_does(padding, fill):
+    """A method's own augmented pass (HBN's statistics): each client's rows, of any number (none
+    too), cropped by one gather equal bit for bit to ``random_crop_flip`` on that client's samples
+    from its own stream, and the streams left where it leaves them."""
+    g = torch.Generator().manual_seed(padding)
+    x = torch.randn(30, 2, 6, 5, generator=g, dtype=torch.float64)
+    rows = [torch.randint(0, 30, (n,), generator=g) for n in (7, 0, 1, 12)]
+    mine = [torch.Generator().manual_seed(40 + i) for i in range(len(rows))]
+    theirs = [torch.Generator().manual_seed(40 + i) for i in range(len(rows))]
+    out = crop_rows(x, rows, mine, padding=padding, fill=fill)
+    assert out is not None and [len(o) for o in out] == [len(r) for r in rows]
+    for got, r, gen in zip(out, rows, theirs):
+        assert torch.equal(got, random_crop_flip(x.index_select(0, r), padding=padding, fill=fill, generator=gen))
+    assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(mine, theirs))
+
+
+@pytest.mark.parametrize("method_args", [
+    {"preset": "reference-code"},  # first_by_class, 64 samples, hybrid uploads, own alphas
+    {"stats_augment": True, "stats_samples": "random", "stats_max_samples": 12, "eval_resync": "all", "final_sync": True},
+    {"stats_augment": True, "sync_pass": "layerwise", "crop_fill": "black"},
+])
+def test_hbns_augmented_statistics_pass_is_the_per_client_paths_bit_for_bit(method_args, monkeypatch):
+    """Issue 49.2: HBN's augmented statistics pass (the round's and the server's queries) crops its
+    samples by one gather on the data's device (``crop_rows``); in float64 a stacked set and a run
+    alone end with the states and records of the per-client pad and crop (``device_feed`` off)."""
+    args = dict(method_args)
+    fill = args.pop("crop_fill", "zero")
+    case = dict(method="hbn", norm="hbn", method_args=args, dtype="float64", crop_fill=fill)
+    configs = [ExperimentConfig(**{**BASE, **case, "seed": s}) for s in range(2)]
+    alone = ExperimentConfig(**{**BASE, **case, "seed": 5, "executor": "vectorized"})
+    calls: list[int] = []
+    real = vectorized.VectorizedExecutor._crop_rows
+
+    def counted(self, rows, *rest):
+        calls.append(len(rows))
+        return real(self, rows, *rest)
+
+    monkeypatch.setattr(vectorized.VectorizedExecutor, "_crop_rows", counted)
+    fed = _final(run_stacked(configs, write=False)[0]) + _final([api.run(alone, write=False, progress=False)])
+    assert calls and sum(calls) > 0  # the one-gather path ran
+    _without_feed(monkeypatch)
+    calls.clear()
+    ref = _final(run_stacked(configs, write=False)[0]) + _final([api.run(alone, write=False, progress=False)])
+    assert not calls  # the reference is the per-client path
+    _same(fed, ref)
+
+
 class _HostReads:
     """Counts the tensor reads that make a host wait for a device (item, bool, int, float, tolist,
     cpu) while ``active``."""
@@ -171,6 +221,129 @@ def test_a_rounds_local_steps_read_nothing_back_from_the_device(case, monkeypatc
         api.run(cfg, write=False, progress=False)
     assert counts[2] == counts[7], counts
     assert max(counts[7]) <= 8, counts
+
+
+class _NoReads:
+    """Makes every tensor read that waits for a device (item, bool, int, index, float, tolist, cpu,
+    numpy) raise while ``active``."""
+
+    NAMES = _HostReads.NAMES + ("__index__", "numpy")
+
+    def __init__(self, monkeypatch) -> None:
+        self.active = False
+        for name in self.NAMES:
+            real = getattr(torch.Tensor, name)
+
+            def guard(t, *args, _real=real, _name=name, **kwargs):
+                if self.active:
+                    raise AssertionError(f"Tensor.{_name} read inside a round's steps")
+                return _real(t, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, guard)
+
+    def around(self, monkeypatch, owner, start: str | None, end: str) -> None:
+        """Active from each call of ``owner.start`` (if given) until the next call of ``owner.end``."""
+        for name, on in ((start, True), (end, False)) if start else ((end, False),):
+            real = getattr(owner, name)
+
+            def switch(*args, _real=real, _on=on, **kwargs):
+                self.active = _on
+                return _real(*args, **kwargs)
+
+            monkeypatch.setattr(owner, name, switch)
+
+
+@pytest.mark.parametrize("case", [
+    dict(),  # FedAvg + BN, crop and flip, unequal clients
+    dict(method="hbn", norm="hbn", method_args={"preset": "reference-code"}),
+    dict(method="fbn", norm="fbn", dsgd=True),
+    dict(method="fedtan", norm="bn", local_steps=3),
+])
+def test_no_stacked_step_reads_the_device(case, monkeypatch):
+    """Issue 49.3: from a chunk's first step to its end no tensor is read back (the chunk reads its
+    divergence marks and losses once, then); a stacked set and a run alone keep the records and
+    states of a run that was never watched."""
+    configs = [ExperimentConfig(**{**BASE, **case, "seed": s}) for s in range(2)]
+    alone = ExperimentConfig(**{**BASE, **case, "seed": 5, "executor": "vectorized"})
+    free = _final(run_stacked(configs, write=False)[0]) + _final([api.run(alone, write=False, progress=False)])
+    guard = _NoReads(monkeypatch)
+    guard.around(monkeypatch, vectorized.VectorizedExecutor, "_train_forward", "_read_chunk")
+    watched = _final(run_stacked(configs, write=False)[0]) + _final([api.run(alone, write=False, progress=False)])
+    _same(watched, free)
+
+
+def test_a_sequential_clients_steps_read_nothing_and_its_loss_is_the_per_step_sum(monkeypatch):
+    """Issue 49.3, one client at a time: no read from the first step to the end of a client's
+    training, and the round's training loss is what summing each step's loss on the host gave:
+    per client ``sum(float(loss_t) * B_t) / seen``, weighted by the clients' sizes."""
+    steps: list[list[tuple[torch.Tensor, int]]] = []  # per client trained: (step loss, batch size)
+    real_ce = torch.nn.functional.cross_entropy
+
+    class F:  # local's torch.nn.functional, recording the training losses
+        def __getattr__(self, name):
+            return getattr(torch.nn.functional, name)
+
+        @staticmethod
+        def cross_entropy(logits, y, *args, **kwargs):
+            loss = real_ce(logits, y, *args, **kwargs)
+            steps[-1].append((loss.detach().clone(), len(y)))
+            return loss
+
+    guard = _NoReads(monkeypatch)
+    real_train = executor.train_local
+
+    def train(*args, **kwargs):
+        steps.append([])
+        guard.active = True  # until _read_losses
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(local, "F", F())
+    monkeypatch.setattr(executor, "train_local", train)
+    guard.around(monkeypatch, local, None, "_read_losses")
+    sizes: list[torch.Tensor] = []
+    real_update = simulator.Simulation.server_update
+
+    def update(self, plan, updates):
+        sizes.append(updates.num_examples.clone())
+        return real_update(self, plan, updates)
+
+    monkeypatch.setattr(simulator.Simulation, "server_update", update)
+    cfg = ExperimentConfig(**{**BASE, "executor": "sequential", "seed": 2})
+    history = api.run(cfg, write=False, progress=False).simulation.history
+    assert len(steps) == cfg.rounds * cfg.clients_per_round and len(history) == len(sizes) == cfg.rounds
+    per_client = []
+    for client in steps:
+        total = 0.0
+        for loss, size in client:
+            total += float(loss) * size
+        per_client.append(total / sum(size for _, size in client))
+    k = cfg.clients_per_round
+    for r, w in enumerate(sizes):
+        means = torch.tensor(per_client[r * k:(r + 1) * k], dtype=torch.float64)
+        expected = float((means * w).sum() / w.sum())
+        assert history[r]["train_loss"] == expected
+
+
+def test_a_rounds_bookkeeping_reads_do_not_grow_with_its_clients(monkeypatch):
+    """Issue 49.3: the server's screening of a round's updates (non-finite rows, the aggregate)
+    reads the device a fixed number of times, not once per client and tensor."""
+    reads = _HostReads(monkeypatch)
+    real = simulator.Simulation.server_update
+    counts: dict[int, list[int]] = {}
+
+    def counted(self, plan, updates):
+        reads.count, reads.active = 0, True
+        try:
+            return real(self, plan, updates)
+        finally:
+            reads.active = False
+            counts.setdefault(len(plan.clients), []).append(reads.count)
+
+    monkeypatch.setattr(simulator.Simulation, "server_update", counted)
+    for k in (2, 6):
+        api.run(ExperimentConfig(**{**BASE, "clients_per_round": k, "executor": "vectorized", "seed": 1}), write=False,
+                progress=False)
+    assert counts[2] == counts[6], counts
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ import torch
 
 from ..data.transforms import draw_crop_flip_rows, gather_client_batch, pad_for_crop
 
-__all__ = ["StepFeed", "crop_source", "to_device", "PADDED_SOURCE_BUDGET"]
+__all__ = ["StepFeed", "crop_source", "crop_rows", "to_device", "PADDED_SOURCE_BUDGET"]
 
 #: The most bytes a padded copy of the training images may take (beyond it the executor gathers
 #: and crops each step's rows as before, from the unpadded tensor).
@@ -66,6 +66,26 @@ def crop_source(train_x: torch.Tensor, padding: int, fill: Sequence[float] | Non
         with torch.no_grad():
             cached[key] = pad_for_crop(train_x.detach(), padding, fill)
     return cached[key]
+
+
+def crop_rows(train_x: torch.Tensor, rows: Sequence[torch.Tensor], generators: Sequence[torch.Generator], *,
+              padding: int, fill: Sequence[float] | None) -> list[torch.Tensor] | None:
+    """Each client's samples ``train_x[rows[i]]`` cropped and flipped from its own stream
+    ``generators[i]``, what ``random_crop_flip(train_x[rows[i]], padding=padding, fill=fill,
+    generator=generators[i])`` gives bit for bit, by the training steps' path: the draws on the host
+    (:func:`~fednorm.data.transforms.draw_crop_flip_rows`), one copy of the integers to the device and
+    one gather from the padded images (:func:`crop_source`) for all clients, instead of a pad and a
+    gather per client. For a method's own passes over the training data (HBN's augmented statistics
+    pass). ``rows`` on ``train_x``'s device; ``None`` when the padded copy is over its budget."""
+    source = crop_source(train_x, padding, fill)
+    if source is None:
+        return None
+    sizes = [len(r) for r in rows]
+    top, left, flipped = draw_crop_flip_rows(sizes, generators, padding=padding)
+    draws = to_device(torch.stack([top, left, flipped.long()]), source.device)
+    x = gather_client_batch(source, torch.cat(list(rows)).to(source.device), 1, padding=padding, top=draws[0], left=draws[1],
+                            flipped=draws[2].bool())
+    return list(x.split(sizes))
 
 
 class StepFeed:

@@ -9,6 +9,7 @@ persistent client momentum.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -213,31 +214,51 @@ def train_local(
     params = [p for _, p in named]
     buffers: list[torch.Tensor | None] = [None] * len(params)  # a fresh optimiser every round
     result = LocalResult()
-    for batch in plan:
-        xb = x.index_select(0, batch)
-        yb = y.index_select(0, batch)
-        if spec.augment:
-            xb = random_crop_flip(xb, padding=spec.crop_padding, generator=generator, fill=spec.crop_fill)
-        if spec.channels_last and xb.dim() == 4:
-            xb = xb.contiguous(memory_format=torch.channels_last)
-        loss = F.cross_entropy(model(xb), yb)
-        if not torch.isfinite(loss):
-            raise DivergenceError(f"non-finite training loss ({loss.item()}) at {where or 'local training'}, step {result.steps + 1}")
-        total = loss_hook(model, loss) if loss_hook is not None else loss
-        for p in params:
-            p.grad = None
-        total.backward()
-        if grad_hook is not None:
-            grad_hook(model, _closure(model, params, xb, yb, loss_hook))
-        if spec.agc_clip:
-            adaptive_grad_clip_([p for n, p in named if n not in spec.agc_skip], spec.agc_clip)
-        if spec.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
-        if spec.dsgd:
-            result.momentum = _dsgd_step(named, lr, spec, momentum)
-        else:
-            _sgd_step(params, buffers, lr, spec.momentum, spec.weight_decay)
-        result.loss_sum += float(loss.detach()) * len(batch)
-        result.num_seen += len(batch)
-        result.steps += 1
+    # Each step's loss, kept on the data's device so that no step waits for it; read once when the
+    # steps are done (_read_losses), which sums them and checks them as each step did.
+    losses = torch.empty(len(plan), dtype=torch.float64, device=x.device)
+    sizes: list[int] = []
+    try:
+        for batch in plan:
+            xb = x.index_select(0, batch)
+            yb = y.index_select(0, batch)
+            if spec.augment:
+                xb = random_crop_flip(xb, padding=spec.crop_padding, generator=generator, fill=spec.crop_fill)
+            if spec.channels_last and xb.dim() == 4:
+                xb = xb.contiguous(memory_format=torch.channels_last)
+            loss = F.cross_entropy(model(xb), yb)
+            losses[result.steps] = loss.detach()
+            sizes.append(len(batch))
+            total = loss_hook(model, loss) if loss_hook is not None else loss
+            for p in params:
+                p.grad = None
+            total.backward()
+            if grad_hook is not None:
+                grad_hook(model, _closure(model, params, xb, yb, loss_hook))
+            if spec.agc_clip:
+                adaptive_grad_clip_([p for n, p in named if n not in spec.agc_skip], spec.agc_clip)
+            if spec.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
+            if spec.dsgd:
+                result.momentum = _dsgd_step(named, lr, spec, momentum)
+            else:
+                _sgd_step(params, buffers, lr, spec.momentum, spec.weight_decay)
+            result.num_seen += len(batch)
+            result.steps += 1
+    except Exception:
+        _read_losses(losses, sizes, where)  # a step after a divergence may fail on its NaNs: that is the cause
+        raise
+    result.loss_sum = _read_losses(losses, sizes, where)
     return result
+
+
+def _read_losses(losses: torch.Tensor, sizes: list[int], where: str) -> float:
+    """The summed loss of :func:`train_local`'s steps (``losses[t]`` times ``sizes[t]``, added in
+    step order on the host, as each step once did), read from the device once; raises
+    :class:`~fednorm.errors.DivergenceError` for the first step whose loss was not finite."""
+    total = 0.0
+    for step, (value, size) in enumerate(zip(losses[: len(sizes)].tolist(), sizes), start=1):
+        if not math.isfinite(value):
+            raise DivergenceError(f"non-finite training loss ({value}) at {where or 'local training'}, step {step}")
+        total += value * size
+    return total

@@ -71,6 +71,22 @@ def check_names(config: ExperimentConfig) -> None:
             raise ConfigError(f"{field_name}: {_optimizer_hint(value, field_name) or exc}") from None
 
 
+def _finite_rows(stacked: dict[str, torch.Tensor]) -> dict[str, list[bool]]:
+    """Of each floating tensor ``[K, ...]`` of ``stacked``: whether each row ``k`` is all finite,
+    read from the device once for all tensors and rows (a read per row and tensor would make the
+    host wait for the device that many times)."""
+    by_device: dict[torch.device, list[str]] = {}
+    for key, value in stacked.items():
+        if value.is_floating_point():
+            by_device.setdefault(value.device, []).append(key)
+    out: dict[str, list[bool]] = {}
+    for keys in by_device.values():
+        rows = [torch.isfinite(stacked[k]) for k in keys]
+        flags = torch.stack([r.flatten(1).all(dim=1) if r.dim() > 1 else r for r in rows]).tolist()
+        out.update(zip(keys, flags))
+    return {key: out[key] for key in stacked if key in out}  # in the order of ``stacked``
+
+
 def _optimizer_hint(value: str, field_name: str) -> str | None:
     """For a method name that is a client or server optimizer (FedProx, SCAFFOLD, FedAdam...),
     where it goes instead: optimizers compose with a method rather than replace it."""
@@ -432,11 +448,13 @@ class Simulation:
             for cid, reason in updates.failures.items():
                 events.append({"round": server_round, "client": cid, "kind": "error", "detail": reason})
             for row, cid in enumerate(updates.client_ids):
-                kind = faults.get(cid)
-                if kind == "nan":
+                if faults.get(cid) == "nan":
                     for value in updates.states.values():
                         if value.is_floating_point():
                             value[row].fill_(float("nan"))
+            finite = _finite_rows(updates.states)
+            for row, cid in enumerate(updates.client_ids):
+                kind = faults.get(cid)
                 if kind == "straggler":
                     events.append({"round": server_round, "client": cid, "kind": "straggler", "detail": "update arrived after the round closed"})
                     continue
@@ -444,7 +462,7 @@ class Simulation:
                     events.append({"round": server_round, "client": cid, "kind": "deadline",
                                    "detail": f"trained {float(updates.seconds[row]):.2f}s > client_deadline={cfg.client_deadline}s"})
                     continue
-                bad = [k for k, v in updates.states.items() if v.is_floating_point() and not torch.isfinite(v[row]).all()]
+                bad = [k for k, ok in finite.items() if not ok[row]]
                 if bad:
                     events.append({"round": server_round, "client": cid, "kind": "non_finite_update",
                                    "detail": f"{len(bad)} tensors hold NaN/Inf, e.g. '{bad[0]}'"})
@@ -464,8 +482,9 @@ class Simulation:
         if self.attack is not None:  # Byzantine rows, computed from the honest ones (fednorm.robust.attacks)
             updates = self.attack(updates, self.global_state, self.method)
         new_shared = self.method.aggregate(server_round, self.global_state, updates)
+        finite = _finite_rows({k: v.unsqueeze(0) for k, v in new_shared.items()})
         for key, value in new_shared.items():
-            if value.is_floating_point() and not torch.isfinite(value).all():
+            if key in finite and not finite[key][0]:
                 raise DivergenceError(
                     f"aggregated parameter '{key}' is not finite after round {server_round} "
                     f"(method {self.method.name}); lower the learning rate or clip gradients (max_grad_norm)"

@@ -132,6 +132,7 @@ class StackedRunsExecutor(VectorizedExecutor):
         self._states: dict[int, dict[str, torch.Tensor]] = {}
         self._rates: dict[int, float] = {}
         self._groups: torch.Tensor | None = None  # each chunk row's run (lockstep methods: sync groups)
+        self._group_list: list[int] = []  # the same on the host
         self.run_traffic: dict[int, CommTraffic] = {}  # each run's synchronised exchanges this round
         super().__init__(base.model, base.method, union, _RowBank(self), base.spec, base.config.seed,  # type: ignore[arg-type]
                          max_clients=base.config.max_parallel_clients * len(built))
@@ -218,7 +219,8 @@ class StackedRunsExecutor(VectorizedExecutor):
                    lr: float | list[float]) -> ClientUpdates:
         if not self.method.requires_lockstep:
             return super()._run_chunk(server_round, client_ids, global_state, lr)
-        self._groups = torch.tensor([self.locate(v)[0] for v in client_ids], dtype=torch.long)
+        self._group_list = [self.locate(v)[0] for v in client_ids]
+        self._groups = torch.tensor(self._group_list, dtype=torch.long)
         self.comm_factory = GroupedClientComm
         updates = super()._run_chunk(server_round, client_ids, global_state, lr)
         for r, traffic in self.comm.traffic_by_group.items():
@@ -227,7 +229,7 @@ class StackedRunsExecutor(VectorizedExecutor):
 
     def _synced_step(self, net, params, buffers, frozen_now, rows, *args, **kwargs) -> None:
         assert self._groups is not None
-        self.comm.groups = self._groups[rows]  # the working set's runs: each synchronises its own
+        self.comm.groups = [self._group_list[i] for i in rows]  # the working set's runs: each synchronises its own
         return super()._synced_step(net, params, buffers, frozen_now, rows, *args, **kwargs)
 
     def _round_batch(self, t: int, rows: list[int] | None = None, plans: list[list[torch.Tensor]] | None = None
@@ -235,10 +237,11 @@ class StackedRunsExecutor(VectorizedExecutor):
         """Each working row's run's samples at step ``t``: every run's clients are a round of their own."""
         if rows is None or plans is None or self._groups is None:
             return super()._round_batch(t, rows, plans)
-        sizes = torch.tensor([len(plans[i][t]) if t < len(plans[i]) else 0 for i in rows], dtype=torch.long)
-        groups = self._groups[rows]
-        totals = torch.zeros(int(groups.max()) + 1, dtype=torch.long).index_add_(0, groups, sizes)
-        return totals.index_select(0, groups)
+        groups = [self._group_list[i] for i in rows]  # on the host: a synchronised step reads no tensor
+        totals: dict[int, int] = {}
+        for i, g in zip(rows, groups):
+            totals[g] = totals.get(g, 0) + (len(plans[i][t]) if t < len(plans[i]) else 0)
+        return torch.tensor([totals[g] for g in groups], dtype=torch.long)
 
     def samples_seen(self, run: int, clients: list[int]) -> int:
         """The samples ``clients`` of ``run`` train in a round: their batch plans' sizes (the

@@ -30,7 +30,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ..data.federated import FederatedData
-from ..data.transforms import apply_crop_flip, draw_crop_flip
+from ..data.transforms import CropFlip, apply_crop_flip, draw_crop_flip
 from ..errors import ConfigError, DivergenceError
 from ..methods.base import ClientUpdates, Method, StackedClientContext, stack_rows
 from ..nn.comm import ClientComm, CommTraffic, LocalClientComm
@@ -46,7 +46,7 @@ from ..nn.stacked import (
 from .bank import ClientStateBank
 from .client_rows import ClientRows
 from .executor import MOMENTUM_PREFIX, Executor, stack_uploads
-from .feed import StepFeed, crop_source, to_device
+from .feed import StepFeed, crop_rows, crop_source, to_device
 from .local import LocalSpec, batch_plan, train_local
 from .lockstep import scale_client_grads, synced_loss
 from .rng import derive_seed, torch_generator
@@ -200,11 +200,20 @@ class VectorizedExecutor(Executor):
         """The context a method's stacked hooks see for a chunk (its rows' samples gathered only
         if a hook reads them)."""
         data = self.data
+        feed = self.device_feed and data.train_x.dim() == 4
         return StackedClientContext(
             server_round=server_round, client_ids=list(client_ids), model=net,
             x=ClientRows(data.train_x, indices), y=ClientRows(data.train_y, indices),
             global_state=global_state, local_states=locals_, lr=lr,
+            rows=list(indices) if feed else (),
+            crop_rows=self._crop_rows if feed else None,
         )
+
+    def _crop_rows(self, rows: Sequence[torch.Tensor], generators: Sequence[torch.Generator], crop: CropFlip
+                   ) -> list[torch.Tensor] | None:
+        """:attr:`StackedClientContext.crop_rows`: :func:`~fednorm.engine.feed.crop_rows` on the
+        training images."""
+        return crop_rows(self.data.train_x, rows, generators, padding=crop.padding, fill=crop.fill)
 
     def _generators(self, server_round: int, client_ids: list[int]) -> list[torch.Generator]:
         """Each client's batch and augmentation stream, the one the sequential executor draws."""
@@ -259,7 +268,7 @@ class VectorizedExecutor(Executor):
 
     def _check_finite(self, bad_step: torch.Tensor, server_round: int, client_ids: list[int]) -> None:
         """Raise :class:`~fednorm.errors.DivergenceError` for the earliest non-finite step noted in
-        ``bad_step`` (its first client): one read of the device per chunk."""
+        ``bad_step`` (its first client; read from the device unless already on the host)."""
         marks = bad_step.cpu()
         if not bool((marks > 0).any()):
             return
@@ -268,6 +277,12 @@ class VectorizedExecutor(Executor):
         raise DivergenceError(
             f"non-finite training loss at round {server_round}, client {client_ids[row]}, method {self.method.name}, step {first}"
         )
+
+    def _read_chunk(self, bad_step: torch.Tensor, loss_sum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A chunk's divergence marks and summed losses (float64) on the host, read together once
+        its steps are done (one wait for the device instead of two)."""
+        book = torch.cat([bad_step.to(loss_sum.dtype), loss_sum]).cpu()
+        return book[: len(bad_step)].long(), book[len(bad_step):]
 
     # -- one round --------------------------------------------------------------------------
     def run_round(
@@ -480,7 +495,8 @@ class VectorizedExecutor(Executor):
             self._sgd_step(params, momentum, started, step_lr, started_host=started_host)
             started[:] = True
             started_host = [True] * kw
-        self._check_finite(bad_step, server_round, client_ids)  # the chunk's one wait for the device
+        marks, loss_sum = self._read_chunk(bad_step, loss_sum)  # the chunk's one wait for the device
+        self._check_finite(marks, server_round, client_ids)
         set_client_comm(net, None)
         set_frozen_statistics(net, False)
         set_forward_clients(net, None)
@@ -490,7 +506,6 @@ class VectorizedExecutor(Executor):
         method.stacked_client_end(ctx)
 
         seen_t = torch.tensor(seen, dtype=torch.int64)
-        loss_sum = loss_sum.cpu()
         self.last_samples_seen += int(seen_t.sum())
         state = {key: t.detach() for key, t in net.state_dict().items()}
         for i, cid in enumerate(client_ids):

@@ -10,7 +10,7 @@ under every executor.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -118,6 +118,12 @@ class StackedClientContext:
             read them through :meth:`seed_of`, :meth:`global_state_of`, :meth:`lr_of` and
             :meth:`method_of`: ``global_state``, ``lr`` and the hook's own object are the first
             row's run's.
+        rows, crop_rows: where the executor gathers batches by index on the data's device
+            (fednorm/engine/feed.py): each client's dataset rows (on the data's device), and
+            ``crop_rows(rows, generators, crop)``, which crops and flips the dataset's samples
+            ``rows[i]`` from ``generators[i]`` as ``crop(x[rows[i]], generators[i])`` does, bit for
+            bit, by one gather (``None`` when it cannot); a method's own augmented pass over the
+            training data (HBN's statistics) uses them instead of ``x``. Empty / ``None`` otherwise.
     """
 
     server_round: int
@@ -134,6 +140,8 @@ class StackedClientContext:
     global_states: list[dict[str, torch.Tensor]] = field(default_factory=list)
     lrs: list[float] = field(default_factory=list)
     methods: list[Any] = field(default_factory=list)
+    rows: Sequence[torch.Tensor] = ()
+    crop_rows: Callable[[Sequence[torch.Tensor], Sequence[torch.Generator], CropFlip], list[torch.Tensor] | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.uploads:

@@ -399,8 +399,7 @@ class HBN(FedAvg):
                     for key, value in local.items():
                         if key.startswith(OWN_ALPHA):
                             tensors[key[len(OWN_ALPHA):]][i].copy_(value)
-        inputs = [self._statistics_input(x, y, ctx.server_round, cid, phase, seed=ctx.seed_of(i, self.seed)) if len(x) else x
-                  for i, (x, y, cid) in enumerate(zip(ctx.x, ctx.y, ctx.client_ids))]
+        inputs = self._stacked_inputs(ctx, phase)
         train_mode = self.stats_mode == "train" and layer is None
         order: list[str] = []  # the HBN layers in the order of their first calls (layer-wise step)
         hooks = [] if layer is None else [
@@ -421,13 +420,34 @@ class HBN(FedAvg):
             mix = lambda name, i=i: (  # noqa: E731
                 torch.sigmoid(-state[f"{name}.alpha"][i]), state[f"{name}.running_mean"][i], state[f"{name}.running_var"][i])
             if layer is not None:
-                found = len(ctx.x[i]) > 0 and layer < len(order)
+                found = len(x) > 0 and layer < len(order)
                 out.append(self._layer_upload(order[layer], stats[i][order[layer]], len(x), mix) if found else {})
-            elif len(ctx.x[i]) == 0:
+            elif len(x) == 0:
                 out.append(self._empty_statistics(net))
             else:
                 out.append(self._statistics_upload(stats[i], len(x), mix))
         return out
+
+    def _stacked_inputs(self, ctx: StackedClientContext, phase: str) -> list[torch.Tensor]:
+        """Each client's statistics input (:meth:`_statistics_input`; a client without data: its empty
+        ``x``). With ``stats_augment`` where the executor gathers by index (``ctx.crop_rows``), the
+        chosen samples are dataset rows, cropped and flipped for all clients by one gather from the
+        same streams as the per-client path, bit for bit (no per-client copy, pad and crop)."""
+        augmentation = self.train_augmentation
+        if self.stats_augment and augmentation is not None and ctx.crop_rows is not None:
+            picked, gens = [], []
+            for i, (rows, cid) in enumerate(zip(ctx.rows, ctx.client_ids)):
+                seed = ctx.seed_of(i, self.seed)
+                if len(rows):
+                    y = ctx.y[i] if self.stats_samples == "first_by_class" else None
+                    picked.append(self.statistics_sample(rows, ctx.server_round, cid, y, seed=seed))
+                    gens.append(torch_generator(seed, "hbn-statistics-augment", phase, ctx.server_round, cid))
+            crops = ctx.crop_rows(picked, gens, augmentation) if picked else []
+            if crops is not None:
+                it = iter(crops)
+                return [next(it) if len(rows) else ctx.x[i] for i, rows in enumerate(ctx.rows)]
+        return [self._statistics_input(x, y, ctx.server_round, cid, phase, seed=ctx.seed_of(i, self.seed)) if len(x) else x
+                for i, (x, y, cid) in enumerate(zip(ctx.x, ctx.y, ctx.client_ids))]
 
     def stacked_client_end(self, ctx: StackedClientContext) -> None:
         if self.alpha_mode == "global_init":

@@ -181,27 +181,48 @@ class GroupedClientComm(LocalClientComm):
     (``[K, ...]`` instead of ``[...]``), and each group's exchanges are counted as that run
     alone counts them (:attr:`traffic_by_group`).
 
-    ``groups``: each current row's group id (``[K]``), set before each synchronised step.
+    ``groups``: each current row's group id (``[K]``, or a list of ints), set before each
+    synchronised step. The sizes and counts an exchange needs are kept on the host, so that no
+    exchange reads the device.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self.groups: torch.Tensor | None = None
+        self._groups: torch.Tensor | None = None
+        self._ids: list[int] = []
+        self._on_device: dict[torch.device, torch.Tensor] = {}
         self.traffic_by_group: dict[int, CommTraffic] = {}
 
+    @property
+    def groups(self) -> torch.Tensor | None:
+        return self._groups
+
+    @groups.setter
+    def groups(self, value: torch.Tensor | Sequence[int] | None) -> None:
+        self._ids = [] if value is None else (value.tolist() if isinstance(value, torch.Tensor) else [int(v) for v in value])
+        self._groups = None if value is None else torch.tensor(self._ids, dtype=torch.long)
+        self._on_device = {}
+
+    def _groups_on(self, device: torch.device) -> torch.Tensor:
+        """The groups on ``device``, copied once per step (pinned and asynchronous on CUDA)."""
+        assert self._groups is not None, "set the rows' groups before a synchronised step"
+        if device not in self._on_device:
+            g = self._groups
+            self._on_device[device] = (g.pin_memory().to(device, non_blocking=True) if device.type == "cuda"
+                                       else g.to(device))
+        return self._on_device[device]
+
     def reduce(self, t: torch.Tensor) -> torch.Tensor:
-        assert self.groups is not None, "set the rows' groups before a synchronised step"
-        groups = self.groups.to(t.device)
-        size = int(groups.max()) + 1
-        sums = t.detach().new_zeros((size, *t.shape[1:])).index_add_(0, groups, t.detach())
+        groups = self._groups_on(t.device)
+        sums = t.detach().new_zeros((max(self._ids) + 1, *t.shape[1:])).index_add_(0, groups, t.detach())
         payload = sums[0].numel() * sums.element_size()
-        for g, n in zip(*torch.unique(groups, return_counts=True)):
-            self.traffic_by_group.setdefault(int(g), CommTraffic()).record(payload, int(n))
-            self.traffic.record(payload, int(n))
+        for g in sorted(set(self._ids)):
+            n = self._ids.count(g)
+            self.traffic_by_group.setdefault(g, CommTraffic()).record(payload, n)
+            self.traffic.record(payload, n)
         return sums.index_select(0, groups)
 
     def row_totals(self, rows: torch.Tensor) -> float | torch.Tensor:
-        assert self.groups is not None
-        groups = self.groups.to(rows.device)
-        sums = rows.new_zeros(int(groups.max()) + 1).index_add_(0, groups, rows)
+        groups = self._groups_on(rows.device)
+        sums = rows.new_zeros(max(self._ids) + 1).index_add_(0, groups, rows)
         return sums.index_select(0, groups)
