@@ -248,6 +248,12 @@ class ExperimentConfig(BaseModel):
         "to eager training to float rounding, not bit for bit; a first round that compiles; for GPUs, where it also "
         "fuses the step's small kernels",
     )
+    personalized_test: Literal["own", "whole"] = Field(
+        "own",
+        description="what test_accuracy scores for a personalized method (FedBN, SiloBN): 'own', each client's model on "
+        "its own test split, pooled; 'whole', each client's model on the whole test set, averaged over the clients "
+        "(FedTAN's Table 1). mean_client_accuracy is the own splits' mean either way; no effect on a method with one global model",
+    )
     eval_autocast: Literal["none", "bfloat16"] = Field(
         "none", description="evaluate under torch.autocast in bfloat16 (for GPUs and CPUs with bf16 units; slower on others)"
     )

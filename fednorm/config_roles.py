@@ -54,7 +54,7 @@ FIELD_ROLES: dict[str, str] = {
     "aggregator": "training", "nnm": "training", "robust_targets": "training", "attack": "training",
     "num_byzantine": "training", "attack_args": "training", "attack_targets": "training",
     "eval_every": "schedule", "eval_last_rounds": "schedule", "eval_batch_size": "runtime",
-    "eval_compile": "evaluation", "eval_autocast": "evaluation", "diagnostics": "evaluation",
+    "eval_compile": "evaluation", "personalized_test": "evaluation", "eval_autocast": "evaluation", "diagnostics": "evaluation",
     "dp_noise": "training", "dp_clip": "training", "dp_stats_bound": "training", "dp_delta": "training",
     "checkpoint_every": "output", "min_clients": "training", "client_failure_rate": "training",
     "client_nan_rate": "training", "straggler_rate": "training", "client_deadline": "training",

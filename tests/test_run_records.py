@@ -132,7 +132,7 @@ def test_the_derived_lists_keep_what_the_hand_lists_held():
                                 "partition_args", "num_clients", "seed", "augment", "input_norm", "dtype", "device"},
                                {"dataset_args", "download"}),
         "RESUMABLE_FIELDS": ({"rounds", "eval_every", "eval_last_rounds", "eval_batch_size", "checkpoint_every", "threads", "out",
-                              "device", "log", "log_args", "diagnostics"}, {"eval_compile", "eval_autocast"}),
+                              "device", "log", "log_args", "diagnostics"}, {"eval_compile", "eval_autocast", "personalized_test"}),
         "CACHE_IGNORED_FIELDS": ({"out", "data_dir", "download", "threads", "device", "checkpoint_every", "eval_batch_size",
                                   "rounds", "eval_every", "eval_last_rounds"}, {"log", "log_args"}),
         "EXECUTION_FIELDS": ({"seed", "out", "threads", "checkpoint_every", "eval_batch_size"}, {"log", "log_args"}),

@@ -18,6 +18,7 @@ import torch
 
 from .evaluation import evaluate
 from .last_rounds import last10_fields
+from .personalized_eval import whole_test_scores
 
 __all__ = ["evaluate_simulation", "evaluate_global_model", "domain_record", "simulation_summary", "CLIENT_WEIGHTING"]
 
@@ -34,12 +35,18 @@ def evaluate_simulation(sim: Any, state: dict[str, torch.Tensor] | None = None) 
     ``mean_client_accuracy`` is the unweighted mean of those accuracies over the clients with
     test data: each client counts once whatever its test size (a client with one test sample
     weighs as much as one with a thousand), as FedBN reports its per-client mean; the pooled
-    ``test_accuracy`` counts each test sample once. :data:`CLIENT_WEIGHTING` says so in the summary."""
+    ``test_accuracy`` counts each test sample once. :data:`CLIENT_WEIGHTING` says so in the summary.
+
+    With ``personalized_test: whole`` a personalized method's ``test_accuracy`` and ``test_loss``
+    are instead each client's model on the whole test set, averaged over the clients (FedTAN's
+    Table 1; :mod:`~fednorm.engine.personalized_eval`), and ``client_accuracies_whole_test`` holds
+    the per-client scores; ``client_accuracies`` and ``mean_client_accuracy`` stay the own splits'."""
     data = sim.data
     start = time.perf_counter()
     if state is None:
         state = sim.method.evaluation_state(sim)
     client_acc: list[float | None]
+    whole: dict[str, Any] | None = None
     if sim.method.personalized:
         with_test = [cid for cid in range(data.num_clients) if len(data.client_test[cid])]
         answers = sim.query_clients(with_test, "evaluate", state)
@@ -54,6 +61,9 @@ def evaluate_simulation(sim: Any, state: dict[str, torch.Tensor] | None = None) 
             loss_sum += float(a["loss_sum"])
         test_acc = correct / total if total else math.nan
         test_loss = loss_sum / total if total else math.nan
+        if getattr(sim.config, "personalized_test", "own") == "whole":
+            whole = whole_test_scores(sim, state)
+            test_acc, test_loss = whole["test_accuracy"], whole["test_loss"]
     else:
         test_acc, test_loss, client_acc = sim.evaluate_global(state)
     valid = [a for a in client_acc if a is not None]
@@ -67,6 +77,7 @@ def evaluate_simulation(sim: Any, state: dict[str, torch.Tensor] | None = None) 
         "mean_client_accuracy": float(np.mean(valid)) if valid else math.nan,
         "client_accuracies": client_acc,
         **share,
+        **({"client_accuracies_whole_test": whole["client_accuracies_whole_test"]} if whole else {}),
         **domain_record(sim.data, client_acc),
     }
 
