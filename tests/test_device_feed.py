@@ -25,7 +25,8 @@ from fednorm.data.transforms import (
     random_crop_flip,
 )
 from fednorm.engine import executor, local, simulator, vectorized
-from fednorm.engine.feed import crop_rows
+from fednorm.engine import feed as feed_module
+from fednorm.engine.feed import crop_rows, draw_crop_flip_packed
 from fednorm.nn.stacked import to_client_layout
 
 BASE = dict(dataset="digits", partition="dirichlet", alpha=0.5, num_clients=6, clients_per_round=4, batch_size=8, lr=0.05,
@@ -82,6 +83,28 @@ def test_the_rows_draws_are_draw_crop_flips_calls_on_each_stream():
         ref = [draw_crop_flip(n, padding=3, generator=g) for n, g in zip(sizes, theirs)]
         assert torch.equal(top, torch.cat([r[0] for r in ref])) and torch.equal(left, torch.cat([r[1] for r in ref]))
         assert torch.equal(flipped, torch.cat([r[2] for r in ref]))
+    for a, b in zip(mine, theirs):
+        assert torch.equal(a.get_state(), b.get_state())
+
+
+@pytest.mark.parametrize("padding", range(10))  # 8 and 9: over the one-call range, the three calls
+@pytest.mark.parametrize("sizes", [[4] * 6, [1], [17, 17], [3, 5, 1]])
+def test_the_packed_draws_are_draw_crop_flips_numbers_from_each_stream(padding, sizes, monkeypatch):
+    """Issue 49, host CPU per step: one call per client (where it qualifies) draws the numbers of
+    ``draw_crop_flip``'s three, from the same stream, which it leaves where they leave it; the
+    rows ride along unchanged."""
+    if len(set(sizes)) == 1 and padding <= 7:  # the one-call path must be the one that runs
+        monkeypatch.setattr(feed_module, "draw_crop_flip_rows", None)
+    mine = [torch.Generator().manual_seed(100 * padding + i) for i in range(len(sizes))]
+    theirs = [torch.Generator().manual_seed(100 * padding + i) for i in range(len(sizes))]
+    for step in range(3):
+        rows = torch.arange(sum(sizes)) * 3 + step
+        packed = draw_crop_flip_packed(rows, sizes, mine, padding=padding)
+        ref = [draw_crop_flip(n, padding=padding, generator=g) for n, g in zip(sizes, theirs)]
+        assert packed.dtype == torch.int64 and packed.shape == (4, sum(sizes))
+        assert torch.equal(packed[0], rows)
+        for j in range(3):
+            assert torch.equal(packed[j + 1], torch.cat([r[j] for r in ref]).long()), j
     for a, b in zip(mine, theirs):
         assert torch.equal(a.get_state(), b.get_state())
 

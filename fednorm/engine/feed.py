@@ -21,14 +21,15 @@ the device:
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Sequence
 
 import torch
 
-from ..data.transforms import draw_crop_flip_rows, gather_client_batch, pad_for_crop
+from ..data.transforms import draw_crop_flip, draw_crop_flip_rows, gather_client_batch, pad_for_crop
 
-__all__ = ["StepFeed", "crop_source", "crop_rows", "to_device", "PADDED_SOURCE_BUDGET"]
+__all__ = ["StepFeed", "crop_source", "crop_rows", "draw_crop_flip_packed", "to_device", "PADDED_SOURCE_BUDGET"]
 
 #: The most bytes a padded copy of the training images may take (beyond it the executor gathers
 #: and crops each step's rows as before, from the unpadded tensor).
@@ -88,6 +89,71 @@ def crop_rows(train_x: torch.Tensor, rows: Sequence[torch.Tensor], generators: S
     return list(x.split(sizes))
 
 
+# One draw in [0, (2·padding + 1)·2^24) per number gives draw_crop_flip's three (see
+# draw_crop_flip_packed); torch's CPU randint takes one 32-bit number of the stream per value below
+# a range of 2^28, so paddings up to 7 qualify.
+_FLIP_BITS = 24
+_ONE_CALL_RANGE = 1 << 28
+
+
+@functools.cache
+def _one_call_draws_agree() -> bool:
+    """Whether this torch's CPU kernels give :func:`draw_crop_flip_packed`'s one-call draws the
+    numbers and the stream positions of ``draw_crop_flip`` (checked once per process; the three
+    calls are used otherwise)."""
+    for padding in (0, 1, 4, 7):
+        for size in (1, 3, 8):
+            mine, theirs = torch.Generator().manual_seed(7 * size + padding), torch.Generator().manual_seed(7 * size + padding)
+            got = _draw_one_call([size], [mine], padding)
+            ref = draw_crop_flip(size, padding=padding, generator=theirs)
+            if not (all(torch.equal(a.reshape(-1), b.long()) for a, b in zip(got, ref))
+                    and torch.equal(mine.get_state(), theirs.get_state())):
+                return False
+    return True
+
+
+def _draw_one_call(sizes: Sequence[int], generators: Sequence[torch.Generator], padding: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The one-call draws of equal ``sizes`` (:func:`draw_crop_flip_packed`), as ``[K, B]`` int64
+    row offsets, column offsets and flips (0/1)."""
+    k, b = len(sizes), sizes[0]
+    hi = 2 * padding + 1
+    raw = torch.empty(k, 3, b, dtype=torch.int64)
+    for out, g in zip(raw.view(k, 3 * b).unbind(0), generators):
+        torch.randint(0, hi << _FLIP_BITS, (3 * b,), generator=g, out=out)
+    offsets = raw[:, :2].remainder(hi)
+    flips = raw[:, 2].bitwise_and((1 << _FLIP_BITS) - 1).lt(1 << (_FLIP_BITS - 1)).long()
+    return offsets[:, 0], offsets[:, 1], flips
+
+
+def draw_crop_flip_packed(rows: torch.Tensor, sizes: Sequence[int], generators: Sequence[torch.Generator], *,
+                          padding: int) -> torch.Tensor:
+    """``[rows, top, left, flipped]`` as one ``[4, N]`` int64 tensor: the step's rows and the
+    crops and flips :func:`~fednorm.data.transforms.draw_crop_flip_rows` draws for them, the same
+    numbers from the same streams, left at the same positions.
+
+    Where every client draws ``B`` rows and ``2·padding + 1 ≤ 15``, each client makes one call
+    instead of three: ``draw_crop_flip``'s three calls (``randint(0, 2p+1)`` twice, ``rand``) each
+    turn one 32-bit number ``v`` of the stream into a value, ``v mod (2p+1)`` and
+    ``(v mod 2^24)·2^-24`` (< 0.5 exactly when ``v mod 2^24 < 2^23``), so ``3B`` draws of
+    ``v mod ((2p+1)·2^24)`` (one number each, the range being under 2^28) give all three by two
+    remainders. ``_one_call_draws_agree`` checks that against ``draw_crop_flip`` once per process."""
+    n = len(rows)
+    packed = torch.empty(4, n, dtype=torch.int64)
+    packed[0] = rows
+    equal = len(set(sizes)) == 1 and (2 * padding + 1) << _FLIP_BITS < _ONE_CALL_RANGE
+    if equal and n and _one_call_draws_agree():
+        top, left, flipped = _draw_one_call(sizes, generators, padding)
+        k, b = len(sizes), sizes[0]
+        packed[1].view(k, b).copy_(top)
+        packed[2].view(k, b).copy_(left)
+        packed[3].view(k, b).copy_(flipped)
+        return packed
+    top, left, flipped = draw_crop_flip_rows(sizes, generators, padding=padding)
+    packed[1], packed[2], packed[3] = top, left, flipped
+    return packed
+
+
 class StepFeed:
     """The batches of one chunk's round (module docstring).
 
@@ -122,9 +188,8 @@ class StepFeed:
         parts = [self.rows[i][t] for i in members]
         rows = torch.cat(parts)
         if self.augment:
-            top, left, flipped = draw_crop_flip_rows([len(p) for p in parts], [self.generators[i] for i in members],
-                                                     padding=self.padding)
-            packed = to_device(torch.stack([rows, top, left, flipped.long()]), self.device)
+            packed = to_device(draw_crop_flip_packed(rows, [len(p) for p in parts], [self.generators[i] for i in members],
+                                                     padding=self.padding), self.device)
             rows_d = packed[0]
             x = gather_client_batch(self.source, rows_d, len(members), padding=self.padding, top=packed[1], left=packed[2],
                                     flipped=packed[3].bool(), channels_last=self.channels_last)
