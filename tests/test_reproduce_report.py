@@ -398,3 +398,18 @@ def test_runs_that_span_commits_or_a_dirty_tree_are_labelled(configs: Path, tmp_
     text = markdown(collect([table], scale="full", out=out))
     line = next(x for x in text.splitlines() if x.startswith("**Runs not from one clean commit**"))
     assert "seed 4 (bbbbbbbbbb, cccccccccc+dirty:ffffffff)" in line and "seed 3" not in line
+
+
+def test_a_client_source_column_reads_a_pooled_runs_domain_accuracies() -> None:
+    """``client:<source>`` is the client holding that source, or, in a run whose one client pools
+    every source (FedBN Table 12's centralized run: no client_sources), the model's accuracy on
+    that source's test samples (its evaluations' domain_accuracies)."""
+    from fednorm.reproduce.report import series
+
+    per_client = [{"round": 1, "client_accuracies": [0.5, 0.75], "domain_accuracies": {"mnist": 0.5, "usps": 0.75}}]
+    assert series(per_client, "client:usps", ["mnist", "usps"]) == [(1, 75.0)]
+    pooled = [{"round": 1, "client_accuracies": [0.6], "domain_accuracies": {"mnist": 0.5, "usps": 0.7}},
+              {"round": 2, "client_accuracies": [0.7], "domain_accuracies": {"mnist": 0.625, "usps": 0.75}}]
+    assert series(pooled, "client:mnist", None) == [(1, 50.0), (2, 62.5)]
+    with pytest.raises(ConfigError, match="no client with source 'svhn'"):
+        series(pooled, "client:svhn", None)

@@ -52,6 +52,23 @@ def test_domains_partition_sizes_sources_and_errors():
         domains_partition(labels, 1, seed=0, domains=dom, domain_names=["a", "b", "c"], sources=["z"])
 
 
+def test_pooled_gives_one_client_exactly_the_one_client_per_source_split():
+    """FedBN Table 12's centralized run pools the clients' data: the same samples, one client."""
+    dom = _dom([100, 40, 70])
+    labels = np.arange(len(dom)) % 10
+    split = domains_partition(labels, 3, seed=5, domains=dom, per_client=30)
+    (pooled,) = domains_partition(labels, 1, seed=5, domains=dom, per_client=30, pooled=True)
+    np.testing.assert_array_equal(pooled, np.sort(np.concatenate(split)))
+    assert sorted(np.bincount(dom[pooled])) == [30, 30, 30]
+    (two,) = domains_partition(labels, 1, seed=0, domains=dom, domain_names=["a", "b", "c"], sources=["c", "a"],
+                               pooled=True)
+    assert set(dom[two]) == {0, 2} and len(two) == 2 * 70  # default: the smallest selected source's size each
+    with pytest.raises(PartitionError, match="num_clients to 1"):
+        domains_partition(labels, 3, seed=0, domains=dom, pooled=True)
+    with pytest.raises(PartitionError, match="pooled"):
+        domains_partition(labels, 1, seed=0, domains=dom, pooled="yes")
+
+
 def test_split_by_domain_gives_each_client_its_own_sources_test_set():
     test_dom = _dom([9, 5, 4])
     parts = split_by_domain(test_dom, [1, 0, 0], seed=0)
@@ -90,6 +107,32 @@ def test_image_folder_domains_give_one_source_per_client_and_own_test_sets(tmp_p
     for c, d in enumerate(data.client_domain):
         own = torch.as_tensor(normalize_mean(test, d))
         assert torch.allclose(data.test_x[data.client_test[c]].mean(), own, atol=1e-5)
+
+
+def test_a_pooled_client_is_scored_on_each_held_sources_test_set(tmp_path):
+    """One client holding two sources: it is tested on both sources' test sets (not the left-out
+    one), each test sample keeps its source, and the run records one accuracy per source."""
+    from fednorm.config import ExperimentConfig
+    from fednorm.engine.simulator import Simulation
+
+    _write_folder(tmp_path)
+    data = build_federated_data("image_folder", num_clients=1, partition_name="domains", seed=0, data_dir=str(tmp_path),
+                                sources=["sketch", "art"], per_client=10, pooled=True)
+    assert data.client_domain is None and len(data.client_train[0]) == 20
+    assert sorted(data.test_domain.tolist()) == [0] * 4 + [2] * 4  # 'photo' (1) left out
+    assert data.client_test[0].tolist() == list(range(8))
+    sim = Simulation(ExperimentConfig(dataset="image_folder", data_dir=str(tmp_path), partition="domains",
+                                      partition_args={"sources": ["sketch", "art"], "per_client": 10, "pooled": True},
+                                      num_clients=1, model="mlp", norm="none", method="fedavg", rounds=1, local_steps=1,
+                                      batch_size=8, threads=1, checkpoint_every=0))
+    res = sim.evaluate()
+    assert set(res["domain_accuracies"]) == {"art", "sketch"}
+    model = sim.global_model()
+    with torch.no_grad():
+        right = (model.eval()(sim.data.test_x).argmax(1) == sim.data.test_y)
+    for d, name in ((0, "art"), (2, "sketch")):
+        assert res["domain_accuracies"][name] == float(right[sim.data.test_domain == d].double().mean())
+    assert res["test_accuracy"] == pytest.approx(sum(res["domain_accuracies"].values()) / 2)  # 4 test images each
 
 
 def normalize_mean(ds, d):

@@ -42,6 +42,8 @@ class FederatedData:
         augment: apply random crop + flip to training batches.
         domain_names: the sources of a multi-source dataset (``None`` otherwise).
         client_domain: the source of each client when each holds one source, else ``None``.
+        test_domain: the source of each test sample of a multi-source dataset (``None``
+            otherwise), so a model is scored per source (a client holding several sources).
         name: what a run records the data as when it was not built from the run's config
             (``dataset: user:NAME``; default: ``info.name``).
         recipe: the config fields it was built from (``federated_data_from_config``), so a
@@ -58,6 +60,7 @@ class FederatedData:
     augment: bool = False
     domain_names: list[str] | None = None
     client_domain: list[int] | None = None
+    test_domain: torch.Tensor | None = None
     name: str | None = None
     recipe: dict | None = None
 
@@ -392,6 +395,9 @@ def build_federated_data(
     owners = client_domains(domains, parts) if shifted else None
     if owners is not None:
         test_parts = split_by_domain(test.domains, owners, seed=seed)
+    elif shifted and partition_name == "domains":  # one client pooling sources: tested on their test sets
+        held = np.unique(np.asarray(domains)[np.concatenate(parts)])
+        test_parts = [np.flatnonzero(np.isin(test.domains, held)) if len(p) else np.empty(0, np.int64) for p in parts]
     else:
         test_parts = split_like(test.targets, hist, seed=seed)
     # Convert only the training samples some client holds (a domains split uses a fraction).
@@ -401,13 +407,15 @@ def build_federated_data(
         remap[used] = np.arange(len(used))
         parts = [remap[np.asarray(p, dtype=np.int64)] for p in parts]
         train.data, train.targets = train.data[used], train.targets[used]
-    if owners is not None:  # the global test set is the union of the clients' sources
+    test_domains = None if domains is None else np.asarray(test.domains)
+    if shifted and partition_name == "domains" or owners is not None:  # the global test set: the clients' sources
         used_test = np.unique(np.concatenate(test_parts))
         if len(used_test) < len(test):
             remap = np.full(len(test), -1, dtype=np.int64)
             remap[used_test] = np.arange(len(used_test))
             test_parts = [remap[p] for p in test_parts]
             test.data, test.targets = test.data[used_test], test.targets[used_test]
+            test_domains = test_domains[used_test]
     # "dataset": each split standardised with its own info's statistics (dataset_to_tensors' default)
     mean, std = (None, None) if input_norm == "dataset" else input_norm_values(input_norm, info)
     train_x, train_y = dataset_to_tensors(train, mean, std)
@@ -423,6 +431,7 @@ def build_federated_data(
         augment=info.augment if augment is None else augment,
         domain_names=list(train.domain_names) if domains is not None else None,
         client_domain=owners,
+        test_domain=None if test_domains is None else torch.as_tensor(test_domains, dtype=torch.int64),
     )
 
 

@@ -53,6 +53,7 @@ def domains(
     clients_per_domain: int | None = None,
     per_client: int | None = None,
     fraction: float | None = None,
+    pooled: bool = False,
 ) -> list[np.ndarray]:
     """Feature-shift split (FedBN, Li et al., 2021, Sec. 5.1): whole data sources go to clients.
 
@@ -61,6 +62,11 @@ def domains(
     samples = 10 % of the smallest source). Clients are numbered source by source:
     client ``c`` holds source ``sources[c // clients_per_domain]``. Samples beyond the equal
     size are left out (the paper also uses only a fraction of each source).
+
+    ``pooled=True`` gives one client all of those samples instead (``num_clients`` 1, one
+    client's share per source): FedBN's centralized training, which "pools all training data in
+    to a center" (Li et al., 2021, App. E.3, Table 12). With the same seed and options it pools
+    exactly the samples the one-client-per-source split hands out.
 
     Args:
         labels: 1-D array of labels (only its length is checked).
@@ -77,9 +83,11 @@ def domains(
         fraction: instead of ``per_client``: ``floor(fraction · n_min)`` samples per client,
             ``n_min`` the smallest source's size (FedBN's "percent", 0.1 → 743 of 7,438).
             Default (neither given): the smallest source split equally among its clients.
+        pooled: one client holding every selected source's share (default: False).
 
     Returns:
-        One sorted ``int64`` index array per client, each from a single source.
+        One sorted ``int64`` index array per client, each from a single source (with ``pooled``, one
+        array holding every selected source's share).
 
     Raises:
         PartitionError: on invalid arguments, or when a source is too small for the size asked.
@@ -93,6 +101,15 @@ def domains(
     num_domains = len(selected)
     if not _is_int(num_clients) or num_clients <= 0:
         raise PartitionError(f"num_clients must be a positive integer, got {num_clients!r}")
+    if not isinstance(pooled, (bool, np.bool_)):
+        raise PartitionError(f"pooled must be true or false, got {pooled!r}")
+    if pooled:
+        if num_clients != 1 or clients_per_domain not in (None, 1):
+            raise PartitionError(
+                f"pooled: true gives one client every source's share: set num_clients to 1 (got {num_clients}) and "
+                "leave clients_per_domain out"
+            )
+        clients_per_domain, num_clients = 1, num_domains  # sized as one client per source, then pooled
     if clients_per_domain is None:
         if num_clients % num_domains:
             raise PartitionError(
@@ -128,7 +145,7 @@ def domains(
     for m in members:
         m = rng.permutation(m)
         parts += [m[j * per_client : (j + 1) * per_client] for j in range(cpd)]
-    return _finish(parts)
+    return _finish([np.concatenate(parts)] if pooled else parts)
 
 
 def client_domains(domains: Any, parts: Sequence[Any]) -> list[int] | None:

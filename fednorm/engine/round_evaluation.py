@@ -20,7 +20,7 @@ from .evaluation import evaluate
 from .last_rounds import last10_fields
 from .personalized_eval import whole_test_scores
 
-__all__ = ["evaluate_simulation", "evaluate_global_model", "domain_record", "simulation_summary", "CLIENT_WEIGHTING"]
+__all__ = ["evaluate_simulation", "evaluate_global_model", "domain_record", "test_domain_accuracies", "simulation_summary", "CLIENT_WEIGHTING"]
 
 #: How the summary's accuracies weigh clients (``summary.json["client_weighting"]``).
 CLIENT_WEIGHTING = ("mean_client_accuracy: unweighted mean over the clients with test data, each counting once whatever "
@@ -78,12 +78,28 @@ def evaluate_simulation(sim: Any, state: dict[str, torch.Tensor] | None = None) 
         "client_accuracies": client_acc,
         **share,
         **({"client_accuracies_whole_test": whole["client_accuracies_whole_test"]} if whole else {}),
-        **domain_record(sim.data, client_acc),
+        **domain_record(sim.data, client_acc, None if sim.method.personalized else getattr(sim, "test_domain_accuracies", None)),
     }
 
 
-def domain_record(data: Any, client_acc: list[float | None]) -> dict[str, Any]:
-    """Feature shift (one source per client): each domain's accuracy (fednorm/domain_results.py)."""
+def test_domain_accuracies(data: Any, correct: torch.Tensor) -> dict[str, float] | None:
+    """One model's accuracy on each source's test samples, from its per-sample ``correct``, for
+    clients that do not hold one source each (e.g. FedBN's centralized run pooling every source,
+    ``partition_args: {pooled: true}``); ``None`` when the clients hold one source each (their
+    own test splits give the per-domain accuracies) or the test set has no sources."""
+    dom = getattr(data, "test_domain", None)
+    if data.client_domain is not None or data.domain_names is None or dom is None or len(dom) != len(correct):
+        return None
+    dom = dom.to(correct.device)
+    return {data.domain_names[d]: float(correct[dom == d].double().mean()) for d in torch.unique(dom).tolist()}
+
+
+def domain_record(data: Any, client_acc: list[float | None], pooled: dict[str, float] | None = None) -> dict[str, Any]:
+    """Feature shift: each domain's accuracy (fednorm/domain_results.py): with one source per
+    client the mean of its clients' accuracies, else ``pooled``, one model's accuracy on each
+    source's test samples (:func:`test_domain_accuracies`)."""
+    if pooled is not None:
+        return {"domain_accuracies": dict(pooled)}
     if data.client_domain is None or data.domain_names is None:
         return {}
     from ..domain_results import domain_accuracies
@@ -105,6 +121,7 @@ def evaluate_global_model(sim: Any, state: dict[str, torch.Tensor]) -> tuple[flo
         sim.eval_compile_seconds = time.perf_counter() - start  # the first compiled evaluation: compiles
     client_acc = [float(res.correct[ix].double().mean()) if len(ix) else None for ix in data.client_test]
     sim.top_class_share = res.top_class_share
+    sim.test_domain_accuracies = test_domain_accuracies(data, res.correct)
     return res.accuracy, res.loss, client_acc
 
 

@@ -58,17 +58,26 @@ def series(history: Sequence[Mapping[str, Any]], metric: str, sources: Sequence[
 
     ``test_accuracy`` and ``mean_client_accuracy`` are fields of each evaluation;
     ``client:<source>`` is the accuracy of the client holding that data source (FedBN's
-    per-domain accuracy), found through the run's ``client_sources``.
+    per-domain accuracy), found through the run's ``client_sources``; in a run whose clients do
+    not hold one source each (FedBN's centralized run, one client pooling every source), the
+    model's accuracy on that source's test samples (the evaluations' ``domain_accuracies``).
     """
     out = []
     index = None
+    pooled = None
     if metric.startswith("client:"):
         name = metric.split(":", 1)[1]
-        if not sources or name not in sources:
+        if not sources and any(name in (rec.get("domain_accuracies") or {}) for rec in history):
+            pooled = name
+        elif not sources or name not in sources:
             raise ConfigError(f"metric {metric}: the run has no client with source '{name}' (sources: {sources})")
-        index = list(sources).index(name)
+        else:
+            index = list(sources).index(name)
     for rec in history:
-        value = rec.get(metric) if index is None else (rec.get("client_accuracies") or [None] * (index + 1))[index]
+        if pooled is not None:
+            value = (rec.get("domain_accuracies") or {}).get(pooled)
+        else:
+            value = rec.get(metric) if index is None else (rec.get("client_accuracies") or [None] * (index + 1))[index]
         if value is not None and isinstance(value, (int, float)) and math.isfinite(value):
             out.append((int(rec.get("round", len(out) + 1)), 100.0 * float(value)))
     return out
