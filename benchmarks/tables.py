@@ -157,14 +157,15 @@ def distributed_table(results: list[Result]) -> str:
 def host_overhead_table(results: list[tuple[str, Result]]) -> str:
     """benchmarks/host_overhead.py, one row per result file: the engine against the feed bound."""
     head = ["engine", "commit", "engine (samples/s)", "feed bound (samples/s)", "**engine / feed bound**",
-            "engine host CPU per step", "machine load (1 min)"]
+            "engine host CPU per step", "feed loop CPU per step", "machine load (1 min)"]
     rows = []
     for label, r in results:
         s = r["summary"]
         rows.append([label, f"`{r['commit'][:7]}`", f"{s['engine_samples_per_s']:.0f}", f"{s['feed_samples_per_s']:.0f}",
                      f"**{s['fraction']:.2f}**", f"{1000 * s['engine_cpu_s_per_step']:.1f} ms",
+                     f"{1000 * s['feed_cpu_s_per_step']:.1f} ms",
                      f"{r['machine']['load_1min']:.1f} on {r['machine']['cpu_count']} cores"])
-    return _table(head, "|---|---|---:|---:|---:|---:|---|", rows)
+    return _table(head, "|---|---|---:|---:|---:|---:|---:|---|", rows)
 
 
 #: name -> renderer from a results folder; the order of docs/performance.md.
@@ -184,6 +185,9 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "host_overhead": lambda d: host_overhead_table([
         ("per-row gather and crop on the host (before issue 49)", load("host_overhead_before.json", d)),
         ("one gather on the data's device, no reads in the steps", load("host_overhead.json", d)),
+        ("one draw call per client, no reads in the round (plain command)", load("host_overhead_one_call.json", d)),
+        ("the same, `--steady-malloc`", load("host_overhead_steady.json", d)),
+        ("the same, `--steady-malloc --no-channels-last` (NCHW input)", load("host_overhead_nchw.json", d)),
     ]),
     "fedtan_split_b128": lambda d: fedtan_split_table(load("fedtan_split_b128.json", d)),
     "round_vs_centralized": lambda d: round_vs_centralized_table(
