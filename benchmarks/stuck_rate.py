@@ -140,6 +140,8 @@ def main() -> None:
                     help="a table cell folder of fednorm runs (seed<k>/metrics.jsonl), e.g. BN=out/table1/bn__phi0.6; "
                     "comma-separated folders merge as --reference's files do")
     ap.add_argument("--rounds", default="20,40", help="rounds at which to count (comma-separated)")
+    ap.add_argument("--versus", metavar="LABEL", help="test every loop against the fednorm loop of this label (on "
+                    "the seeds both have) instead of against the first reference loop")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = ap.parse_args()
     rounds = [int(r) for r in args.rounds.split(",")]
@@ -169,15 +171,29 @@ def main() -> None:
         print(f"| {name} | " + " | ".join(cells) + f" | {acc} |")
     tests = {}
     names = list(table)
-    if len(names) >= 2 and names[0].startswith("reference"):
-        ref = table[names[0]]
-        for name in names[1:]:
-            for x, y in zip(table[name], ref):
+    if args.versus is not None:
+        base = f"fednorm {args.versus}"
+        if base not in loops:
+            raise SystemExit(f"--versus {args.versus}: no --fednorm {args.versus}=... given")
+    else:
+        base = names[0] if len(names) >= 2 and names[0].startswith("reference") else None
+    if base is not None:
+        for name in names:
+            if name == base:
+                continue
+            # on the seeds both have: a seed's rows share partition and client sampling
+            common = sorted(set(loops[name]) & set(loops[base]))
+            for r in rounds:
+                x = rate({s: loops[name][s] for s in common}, r)
+                y = rate({s: loops[base][s] for s in common}, r)
                 if x["runs"] and y["runs"]:
                     two, greater = fisher_exact(x["stuck"], x["runs"] - x["stuck"], y["stuck"], y["runs"] - y["stuck"])
-                    tests.setdefault(name, []).append({"round": x["round"], "p_two_sided": two, "p_fednorm_higher": greater})
-                    print(f"Fisher, {name} vs {names[0]}, round {x['round']}: {x['stuck']}/{x['runs']} vs "
-                          f"{y['stuck']}/{y['runs']}, two-sided p = {two:.3f}, one-sided (fednorm higher) p = {greater:.3f}")
+                    tests.setdefault(name, []).append({"round": r, "versus": base, "seeds": len(common),
+                                                       "stuck": [x["stuck"], x["runs"]], "versus_stuck": [y["stuck"], y["runs"]],
+                                                       "p_two_sided": two, "p_first_higher": greater})
+                    print(f"Fisher, {name} vs {base} on their {len(common)} common seeds, round {r}: "
+                          f"{x['stuck']}/{x['runs']} vs {y['stuck']}/{y['runs']}, two-sided p = {two:.4f}, "
+                          f"one-sided ({name} higher) p = {greater:.4f}")
     for name, note in notes.items():
         print(f"note, {name}: {note}")
     if args.out:

@@ -76,3 +76,17 @@ def test_a_run_that_falls_back_to_one_class_is_not_a_stuck_start(tmp_path):
     runs = sr.fednorm_runs(_cell(tmp_path / "c", {0: [(20, 0.3, 0.3), (40, 0.1, 1.0)]}))[0]
     at40 = sr.rate(runs, 40)
     assert (at40["stuck"], at40["relapsed_seeds"], at40["trained_runs"]) == (0, [0], 0)
+
+
+def test_rows_are_tested_against_a_fednorm_row_on_the_seeds_both_have(tmp_path, monkeypatch):
+    # BN has seeds 0-3 (0, 1 stuck), GN seeds 0-1 (neither stuck): the test uses seeds 0-1 only
+    stuck, trained = [(10, 0.1, 1.0), (20, 0.1, 1.0)], [(10, 0.3, 0.3), (20, 0.4, 0.2)]
+    bn = _cell(tmp_path / "bn", {0: stuck, 1: stuck, 2: trained, 3: stuck})
+    gn = _cell(tmp_path / "gn", {0: trained, 1: trained})
+    out = tmp_path / "rates.json"
+    monkeypatch.setattr("sys.argv", ["stuck_rate.py", "--fednorm", f"BN={bn}", "--fednorm", f"GN={gn}",
+                                     "--rounds", "20", "--versus", "BN", "--out", str(out)])
+    sr.main()
+    (test,) = json.loads(out.read_text())["fisher"]["fednorm GN"]
+    assert test["seeds"] == 2 and test["stuck"] == [0, 2] and test["versus_stuck"] == [2, 2]
+    assert test["p_two_sided"] == pytest.approx(sr.fisher_exact(0, 2, 2, 0)[0])
