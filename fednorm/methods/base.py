@@ -141,7 +141,9 @@ class StackedClientContext:
     lrs: list[float] = field(default_factory=list)
     methods: list[Any] = field(default_factory=list)
     rows: Sequence[torch.Tensor] = ()
-    crop_rows: Callable[[Sequence[torch.Tensor], Sequence[torch.Generator], CropFlip], list[torch.Tensor] | None] | None = None
+    # (rows, generators, crop: fednorm.data.transforms.CropFlip) -> crops; spelled out here, not in
+    # the annotation, which the API reference renders and cannot resolve a data-layer class in
+    crop_rows: Callable[..., list[torch.Tensor] | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.uploads:
