@@ -215,8 +215,9 @@ def train_local(
     buffers: list[torch.Tensor | None] = [None] * len(params)  # a fresh optimiser every round
     result = LocalResult()
     # Each step's loss, kept on the data's device so that no step waits for it; read once when the
-    # steps are done (_read_losses), which sums them and checks them as each step did.
-    losses = torch.empty(len(plan), dtype=torch.float64, device=x.device)
+    # steps are done (_read_losses), which sums them and checks them as each step did. Held in the
+    # loss's own dtype (exact, and a float64 buffer does not exist on every device, e.g. MPS).
+    losses: torch.Tensor | None = None
     sizes: list[int] = []
     try:
         for batch in plan:
@@ -227,6 +228,8 @@ def train_local(
             if spec.channels_last and xb.dim() == 4:
                 xb = xb.contiguous(memory_format=torch.channels_last)
             loss = F.cross_entropy(model(xb), yb)
+            if losses is None:
+                losses = torch.empty(len(plan), dtype=loss.dtype, device=loss.device)
             losses[result.steps] = loss.detach()
             sizes.append(len(batch))
             total = loss_hook(model, loss) if loss_hook is not None else loss
@@ -252,11 +255,13 @@ def train_local(
     return result
 
 
-def _read_losses(losses: torch.Tensor, sizes: list[int], where: str) -> float:
+def _read_losses(losses: torch.Tensor | None, sizes: list[int], where: str) -> float:
     """The summed loss of :func:`train_local`'s steps (``losses[t]`` times ``sizes[t]``, added in
     step order on the host, as each step once did), read from the device once; raises
     :class:`~fednorm.errors.DivergenceError` for the first step whose loss was not finite."""
     total = 0.0
+    if losses is None:  # no step computed a loss
+        return total
     for step, (value, size) in enumerate(zip(losses[: len(sizes)].tolist(), sizes), start=1):
         if not math.isfinite(value):
             raise DivergenceError(f"non-finite training loss ({value}) at {where or 'local training'}, step {step}")
