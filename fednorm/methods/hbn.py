@@ -292,9 +292,13 @@ class HBN(FedAvg):
         augmentation = self.train_augmentation  # the training loop's
         if self.stats_augment and augmentation is not None and x.dim() == 4:
             # drawn on the CPU and moved, as training's augmentation: the same crops on every device
-            gen = torch_generator(seed, "hbn-statistics-augment", phase, server_round, client_id)
-            x = augmentation(x, gen)
+            x = augmentation(x, self._augment_stream(seed, phase, server_round, client_id))
         return x
+
+    @staticmethod
+    def _augment_stream(seed: int, phase: str, server_round: int, client_id: int) -> torch.Generator:
+        """The crops and flips of a client's statistics pass: one stream, whichever path draws them."""
+        return torch_generator(seed, "hbn-statistics-augment", phase, server_round, client_id)
 
     def client_statistics(self, model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """Eq. 7: per HBN layer, exact (count, mean, biased var) of its input on ``x``; with
@@ -441,7 +445,7 @@ class HBN(FedAvg):
                 if len(rows):
                     y = ctx.y[i] if self.stats_samples == "first_by_class" else None
                     picked.append(self.statistics_sample(rows, ctx.server_round, cid, y, seed=seed))
-                    gens.append(torch_generator(seed, "hbn-statistics-augment", phase, ctx.server_round, cid))
+                    gens.append(self._augment_stream(seed, phase, ctx.server_round, cid))
             crops = ctx.crop_rows(picked, gens, augmentation) if picked else []
             if crops is not None:
                 it = iter(crops)
