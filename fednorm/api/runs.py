@@ -89,7 +89,10 @@ def run(
           ``num_clients``, ``clients_per_round``, ``seed``, ``rounds``), the cost
           (``wall_seconds``, ``samples_trained``, ``uplink_bytes``, ``downlink_bytes``,
           ``comm_rounds``, ``executor``, ``threads``), ``personalized``, ``method_summary``,
-          ``method_report``, ``dropped_clients``, ``torch_version`` and ``fednorm_version``.
+          ``method_report``, ``dropped_clients``, ``torch_version`` and ``fednorm_version``;
+        - ``code``: the code that trained the run, one entry per start and per resume
+          (``from_round``, ``fednorm_version``, ``commit`` and ``dirty`` of the git checkout
+          fednorm runs from, None when it is not one), so a run resumed under another commit says so.
 
     Raises:
         ConfigError: an unknown or invalid setting (one line, naming the field); ``out`` already

@@ -242,9 +242,11 @@ class RunSession:
         so that a run that fails early still has a good one."""
         from tqdm.auto import tqdm
 
+        from ..code_version import code_record
         from ..tracking import call_all
 
         sim, cfg = self.sim, self.config
+        sim.code.append(code_record(sim.server_round))  # saved with every checkpoint: a resume appends its own
         if self.write:
             out = Path(cfg.out) if cfg.out else default_run_dir(cfg)
             cfg = self.config = cfg.model_copy(update={"out": str(out)})

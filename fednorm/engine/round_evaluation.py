@@ -176,6 +176,7 @@ def simulation_summary(sim: Any) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
         "fednorm_version": _fednorm_version(),
+        "code": list(sim.code),  # the commit of each start and resume, from the round it trained on
         "personalized": bool(sim.method.personalized),  # evaluated per client (FedBN): not one global model
         "method_summary": sim.method.summary(),
         "method_report": sim.method.report(sim),

@@ -251,6 +251,8 @@ class Simulation:
         self.eval_seconds = 0.0  # the part of wall_seconds spent evaluating (with the method's evaluation state)
         self.history: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
+        # the code that trained this run, one entry per start or resume (fednorm.code_version.code_record)
+        self.code: list[dict[str, Any]] = []
         self._pending_events: list[dict[str, Any]] = []
         self.dropped: dict[str, int] = {}
         self._last_samples_seen = 0
@@ -570,6 +572,7 @@ class Simulation:
             "history": self.history,
             "events": self.events,
             "pending_events": self._pending_events,
+            "code": self.code,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -590,6 +593,7 @@ class Simulation:
         self.history = list(state["history"])
         self.events = list(state.get("events", []))
         self._pending_events = list(state.get("pending_events", []))
+        self.code = list(state.get("code", []))  # a checkpoint written before runs recorded their code: []
 
     def agree_to_stop(self, requested: bool) -> bool:
         """Whether to stop after this round (a signal arrived); a distributed runtime decides

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..code_version import CODE_PATHS, git_info  # noqa: F401 (re-exported: the reproduce records name their code)
 from ..config import load_config
 from ..config_roles import CACHE_IGNORED_FIELDS, DATA_OBJECT_FIELDS, fields_with_role
 from ..engine.runlock import LOCK_NAME as RUN_LOCK_NAME
@@ -249,40 +249,6 @@ def run_state(spec: RunSpec) -> RunState:
     if has_checkpoint:
         return RunState("resume", None, "stopped without a summary")
     return RunState("new")
-
-
-#: What decides a reproduce run's numbers: the package and the table configs (not the records or docs).
-CODE_PATHS = ("fednorm", "configs")
-
-
-def git_info(repo: Path | None = None) -> dict[str, Any]:
-    """``{"commit": sha or None, "dirty": bool or None}`` of the repository holding fednorm, plus,
-    when :data:`CODE_PATHS` hold uncommitted changes, ``changed`` (the files) and ``diff_sha256``
-    (of ``git diff HEAD`` over them), so a record names the exact code even then.
-
-    ``$FEDNORM_COMMIT``, when set, is taken as stated (cleanliness unknown): a copy of the tree
-    sent to another machine may carry no git metadata, or stale metadata from an older checkout."""
-    import hashlib
-
-    repo = Path(__file__).resolve().parents[2] if repo is None else repo
-    if os.environ.get("FEDNORM_COMMIT"):
-        return {"commit": os.environ["FEDNORM_COMMIT"], "dirty": None}
-    try:
-        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        if sha.returncode != 0:
-            return {"commit": None, "dirty": None}
-        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
-                                capture_output=True, text=True, timeout=10)
-        if status.returncode != 0:
-            return {"commit": sha.stdout.strip(), "dirty": None}
-        changed = [line[3:] for line in status.stdout.splitlines() if line.strip()]
-        info: dict[str, Any] = {"commit": sha.stdout.strip(), "dirty": bool(changed)}
-        if changed:
-            diff = subprocess.run(["git", "-C", str(repo), "diff", "HEAD", "--", *CODE_PATHS], capture_output=True, timeout=30)
-            info.update(changed=changed, diff_sha256=hashlib.sha256(diff.stdout).hexdigest())
-        return info
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
 
 
 def refuse_uncommitted(git: Mapping[str, Any], allow: bool) -> None:
