@@ -74,6 +74,61 @@ def test_the_batched_crop_equals_the_per_sample_path_bit_for_bit(channels, paddi
         assert whole.stride() == ref.stride() if channels_last else whole.is_contiguous()
 
 
+def _slice_crop(image: torch.Tensor, padding: int, fill, top: int, left: int, flipped: bool) -> torch.Tensor:
+    """One sample's crop by hand: a canvas of the fill (zero: ``None``) with the image pasted in its
+    middle, the ``H×W`` window at ``(top, left)``, mirrored by ``torch.flip``."""
+    c, h, w = image.shape
+    canvas = torch.zeros(c, h + 2 * padding, w + 2 * padding, dtype=image.dtype)
+    if fill is not None:
+        canvas[:] = torch.tensor(fill, dtype=image.dtype).view(c, 1, 1)
+    canvas[:, padding:padding + h, padding:padding + w] = image
+    crop = canvas[:, top:top + h, left:left + w]
+    return crop.flip(-1) if flipped else crop
+
+
+@pytest.mark.parametrize("crop_fill", ["zero", "black"])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_the_batched_crop_is_each_samples_window_of_its_padded_image(crop_fill, channels_last, contiguous):
+    """``gather_client_batch`` against slicing, in float64: every crop offset in ``[0, 2p]`` on both
+    axes with and without a flip, for both fills of ``crop_fill``, the output's client ``k``, batch
+    slot ``j`` and channel ``c`` at ``[j, k·C + c]``; without offsets each row whole, from the padded
+    source. Non-square images, so a swapped axis, a wrong offset or a wrong flip shows."""
+    padding, clients, b = 2, 5, 5
+    g = torch.Generator().manual_seed(11 + channels_last)
+    x = torch.randn(23, 3, 6, 7, generator=g, dtype=torch.float64)
+    fill = None if crop_fill == "zero" else pixel_value(0, [0.49, 0.48, 0.45], [0.25, 0.24, 0.26])
+    source = pad_for_crop(x, padding, fill)
+    if not contiguous:  # a view of a wider tensor: the per-step copy of the samples first
+        wide = torch.zeros(*source.shape[:3], source.shape[3] + 3, dtype=source.dtype)
+        wide[..., 1:-2] = source
+        source = wide[..., 1:-2]
+        assert not source.is_contiguous()
+    n = clients * b
+    rows = torch.randint(0, len(x), (n,), generator=g)
+    grid = torch.arange(2 * padding + 1)
+    top = grid.repeat_interleave(2 * padding + 1)[:n]  # every (top, left) pair once
+    left = grid.repeat(2 * padding + 1)[:n]
+    flipped = torch.arange(n) % 2 == 1
+    flipped[torch.randperm(n, generator=g)[:3]] ^= True  # not aligned with the grid
+    out = gather_client_batch(source, rows, clients, padding=padding, top=top, left=left, flipped=flipped,
+                              channels_last=channels_last)
+    whole = gather_client_batch(source, rows, clients, padding=padding, channels_last=channels_last)
+    ref = torch.empty(b, clients * 3, 6, 7, dtype=torch.float64)
+    ref_whole = torch.empty_like(ref)
+    for k in range(clients):
+        for j in range(b):
+            i = k * b + j
+            ref[j, 3 * k:3 * k + 3] = _slice_crop(x[rows[i]], padding, fill, int(top[i]), int(left[i]), bool(flipped[i]))
+            ref_whole[j, 3 * k:3 * k + 3] = x[rows[i]]
+    assert torch.equal(out, ref) and torch.equal(whole, ref_whole)
+    for got in (out, whole):
+        if channels_last:
+            assert got.stride() == ref.contiguous(memory_format=torch.channels_last).stride()
+        else:
+            assert got.is_contiguous()
+
+
 def test_the_rows_draws_are_draw_crop_flips_calls_on_each_stream():
     sizes = [3, 1, 4, 2]
     mine = [torch.Generator().manual_seed(10 + i) for i in range(4)]
