@@ -11,19 +11,40 @@ beside them the median of the per-repeat paired ratios.
 The centralized loop is the fastest plain loop we know (tensors in memory, one index_select
 per batch, the same augmentation), so the ratio measures the engine's overhead, not a
 DataLoader's.
+
+``--versus COMMIT`` times HBN Table 1's BN row instead (configs/reproduce/hbn/table1.yaml: base and
+the ``bn`` row, one run, its evaluation every ``eval_every`` rounds) at this commit and at
+``COMMIT`` (a temporary ``git worktree``), in two worker processes that train the same rounds of
+the same run, round by round in alternating order (ABBA); round 1 (first-call costs) is not
+timed. Each block of ``eval_every`` consecutive timed rounds holds one evaluation, the table's
+cadence; the paired ratio is this commit's block time over ``COMMIT``'s, median over blocks. Each
+worker also sums the time its steps spend drawing the crops and gathering the batches (the step
+feed, ``fednorm/engine/feed.py``, or the per-row ``_gather`` before it), as a share of the round:
+
+    python benchmarks/round_vs_centralized.py --data-dir ../shared/data --versus ea4d3ad --blocks 3
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before opacus's `benchmarks`
 from benchmarks._common import data_dir, train_centralized  # noqa: E402
-from benchmarks.harness import Record, interleaved, print_row, write_result  # noqa: E402
+from benchmarks.harness import ROOT, Record, interleaved, print_row, write_result  # noqa: E402
+
+_CODE = "FEDNORM_BENCH_CODE"  # a --versus worker times the fednorm of this tree (another commit's worktree)
+if os.environ.get(_CODE):
+    sys.path.insert(0, os.environ[_CODE])
 
 from fednorm.config import ExperimentConfig  # noqa: E402
 from fednorm.engine.simulator import Simulation  # noqa: E402
@@ -39,6 +60,149 @@ def centralized(sim: Simulation, num_samples: int, batch_size: int, lr: float, s
                              augment=True, channels_last=channels_last)
 
 
+TABLE1 = ROOT / "configs" / "reproduce" / "hbn" / "table1.yaml"
+_MARK = "@@round "  # a worker's reply lines (the code it runs may print)
+
+
+def table1_bn(data_dir_: str) -> dict:
+    """HBN Table 1's BN run as the reproduce config sets it: the base, then the ``bn`` row."""
+    import yaml
+
+    spec = yaml.safe_load(TABLE1.read_text())
+    row = next(r for r in spec["rows"] if r["id"] == "bn")
+    return {**spec["base"], **row["set"], "data_dir": data_dir_}
+
+
+def _timed_feed(totals: dict[str, float]) -> None:
+    """Add the time spent in the step feed's calls (or, before it, the per-row gather) to ``totals``."""
+    from fednorm.engine import vectorized
+
+    targets = [(vectorized.VectorizedExecutor, "_gather")]
+    try:
+        from fednorm.engine import feed
+    except ImportError:  # before issue 49
+        feed = None
+    if feed is not None:
+        targets += [(feed.StepFeed, "__init__"), (feed.StepFeed, "batch")]
+    for owner, name in targets:
+        real = getattr(owner, name)
+
+        def timed(*args, _real=real, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return _real(*args, **kwargs)
+            finally:
+                totals["feed"] += time.perf_counter() - t0
+
+        setattr(owner, name, timed)
+
+
+def worker(config: dict, threads: int) -> None:
+    """One side of ``--versus``: build the run, then one round per ``step`` line on stdin, each
+    answered by a line of its wall and CPU seconds, samples, whether it evaluated, and feed seconds."""
+    torch.set_num_threads(threads)
+    totals = {"feed": 0.0}
+    _timed_feed(totals)
+    cfg = ExperimentConfig(**config)
+    sim = Simulation(cfg)
+    print(_MARK + json.dumps({"executor": sim.executor.name}), flush=True)
+    while sys.stdin.readline().strip() == "step":
+        totals["feed"] = 0.0
+        w0, c0 = time.perf_counter(), time.process_time()
+        record = sim.step()
+        w1, c1 = time.perf_counter(), time.process_time()
+        print(_MARK + json.dumps({"round": record.server_round, "wall": w1 - w0, "cpu": c1 - c0, "feed": totals["feed"],
+                                  "samples": sim.executor.last_samples_seen,
+                                  "evaluated": record.server_round % cfg.eval_every == 0}), flush=True)
+
+
+class _Worker:
+    def __init__(self, code: Path, config: dict, threads: int) -> None:
+        env = {**os.environ, _CODE: str(code), "OMP_NUM_THREADS": str(threads)}
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(config), "--threads", str(threads)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.info = self._reply()
+
+    def _reply(self) -> dict:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(_MARK):
+                return json.loads(line[len(_MARK):])
+        raise RuntimeError(f"worker exited with {self.proc.wait()}")
+
+    def step(self) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("step\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait()
+
+
+def _commit(ref: str, cwd: Path) -> str:
+    return subprocess.run(["git", "rev-parse", ref], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def versus(args: argparse.Namespace) -> None:
+    """This commit's HBN Table 1 BN round against ``args.versus``'s (module docstring)."""
+    config = table1_bn(data_dir(args.data_dir))
+    every = config["eval_every"]
+    other = _commit(args.versus, ROOT)
+    tmp = Path(tempfile.mkdtemp(prefix="fednorm_versus_"))
+    subprocess.run(["git", "worktree", "add", "--detach", str(tmp / "tree"), other], cwd=ROOT, check=True,
+                   capture_output=True)
+    workers: dict[str, _Worker] = {}
+    try:
+        print(f"building the run at this commit and at {other[:7]} ...", flush=True)
+        workers = {"this": _Worker(ROOT, config, args.threads), "versus": _Worker(tmp / "tree", config, args.threads)}
+        rounds: dict[str, list[dict]] = {name: [] for name in workers}
+        for name, w in workers.items():  # round 1: first-call costs, not timed
+            w.step()
+        for i in range(args.blocks * every):
+            order = ["this", "versus"] if i % 2 == 0 else ["versus", "this"]
+            for name in order:
+                rounds[name].append(workers[name].step())
+            r = rounds["this"][-1]
+            print(f"round {r['round']}: this {r['wall']:.2f}s (feed {r['feed']:.3f}s{', evaluated' if r['evaluated'] else ''}), "
+                  f"{other[:7]} {rounds['versus'][-1]['wall']:.2f}s", flush=True)
+    finally:
+        for w in workers.values():
+            w.close()
+        subprocess.run(["git", "worktree", "remove", "--force", str(tmp / "tree")], cwd=ROOT, capture_output=True)
+
+    def block_sums(name: str, key: str) -> list[float]:
+        xs = [r[key] for r in rounds[name]]
+        return [sum(xs[b * every:(b + 1) * every]) for b in range(args.blocks)]
+
+    assert all(sum(r["evaluated"] for r in rounds[n][b * every:(b + 1) * every]) == 1
+               for n in rounds for b in range(args.blocks))
+    wall = {n: block_sums(n, "wall") for n in rounds}
+    cpu = {n: block_sums(n, "cpu") for n in rounds}
+    feed = {n: block_sums(n, "feed") for n in rounds}
+    per_round = {n: statistics.median(w) / every for n, w in wall.items()}
+    summary = {
+        "seconds_per_round": per_round,
+        "ratio_paired": statistics.median(a / b for a, b in zip(wall["this"], wall["versus"])),
+        "cpu_ratio_paired": statistics.median(a / b for a, b in zip(cpu["this"], cpu["versus"])),
+        "feed_share": {n: statistics.median(f / w for f, w in zip(feed[n], wall[n])) for n in rounds},
+    }
+    print_row("result", f"HBN Table 1 BN round with its evaluation every {every}: this commit "
+              f"{per_round['this']:.2f} s, {other[:7]} {per_round['versus']:.2f} s per round; paired ratio "
+              f"{summary['ratio_paired']:.3f} (CPU {summary['cpu_ratio_paired']:.3f}); step feed (crop draws + batch "
+              f"gathering) {100 * summary['feed_share']['this']:.1f}% of the round here, "
+              f"{100 * summary['feed_share']['versus']:.1f}% at {other[:7]}")
+    out = args.out or "benchmarks/results/round_vs_commit_hbn_table1_bn.json"
+    write_result(out, {
+        "benchmark": "round_vs_commit", "config": config, "executor": workers["this"].info["executor"],
+        "versus_executor": workers["versus"].info["executor"], "versus_commit": other, "blocks": args.blocks,
+        "eval_every": every, "summary": summary,
+        "blocks_wall_s": wall, "blocks_cpu_s": cpu, "blocks_feed_s": feed, "raw": rounds,
+    })
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir")
@@ -51,7 +215,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--executor", default="auto", choices=["auto", "sequential", "vectorized"])
     ap.add_argument("--out", default=None, help="default: benchmarks/results/round_vs_centralized_<executor>_b<B>.json")
+    ap.add_argument("--versus", metavar="COMMIT",
+                    help="time HBN Table 1's BN round here against COMMIT instead (module docstring)")
+    ap.add_argument("--blocks", type=int, default=3, help="--versus: timed blocks of eval_every rounds")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        return worker(json.loads(args.worker), args.threads or 1)
+    if args.versus:
+        args.threads = args.threads or 1
+        return versus(args)
     if args.threads:
         torch.set_num_threads(args.threads)
 
