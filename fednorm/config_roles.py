@@ -14,11 +14,11 @@ This module imports nothing from fednorm, so the lowest layers (:mod:`fednorm.da
 from __future__ import annotations
 
 __all__ = ["ROLES", "FIELD_ROLES", "USER_PREFIX", "fields_with_role", "DATA_FIELDS", "SPLIT_FIELDS", "PARTITION_FIELDS",
-           "DATA_OBJECT_FIELDS", "USER_DATA_FIELDS", "USER_DATA_DESCRIBED", "USER_DATA_NOT_APPLICABLE", "is_user_name", "RESUMABLE_FIELDS", "CACHE_IGNORED_FIELDS", "EXECUTION_FIELDS",
+           "DATA_OBJECT_FIELDS", "USER_DATA_FIELDS", "USER_DATA_DESCRIBED", "USER_DATA_NOT_APPLICABLE", "is_user_name", "RESUMABLE_FIELDS", "CACHE_IGNORED_FIELDS", "EXECUTION_FIELDS", "STACK_SHARED_FIELDS",
            "NOT_RESULT_FIELDS", "NODE_IRRELEVANT_FIELDS", "RECORDED_FIELDS"]
 
 #: What each role means. Grouped as the issue that introduced them asked: data (data,
-#: preprocessing, partition, data_source), model, training (training, dtype, seed, schedule),
+#: preprocessing, partition, data_source), model, training (local_training, training, dtype, seed, schedule),
 #: evaluation only (evaluation), runtime only (output, runtime, device, execution), and record.
 ROLES: dict[str, str] = {
     "data": "which samples: the dataset and its options",
@@ -27,7 +27,8 @@ ROLES: dict[str, str] = {
     "data_source": "where the data is read from, not what it is",
     "seed": "the seed of every random choice: partition, initialisation, client sampling, batches",
     "model": "the network and its normalization layers",
-    "training": "what the federated training computes",
+    "local_training": "the method and what a client's local steps compute: runs trained stacked together share it",
+    "training": "what the rest of the federated training computes (server, sampling, schedule of lr, faults, privacy)",
     "dtype": "the dtype of the parameters and of the data tensors",
     "schedule": "how many rounds run and which of them are evaluated",
     "evaluation": "how an evaluation is measured; never changes training",
@@ -43,14 +44,14 @@ FIELD_ROLES: dict[str, str] = {
     "dataset": "data", "data_dir": "data_source", "download": "data_source", "dataset_args": "data",
     "partition": "partition", "alpha": "partition", "classes_per_client": "partition", "gamma": "partition",
     "min_size": "partition", "partition_args": "partition", "num_clients": "partition",
-    "clients_per_round": "training", "augment": "preprocessing", "crop_fill": "training", "input_norm": "preprocessing",
+    "clients_per_round": "training", "augment": "preprocessing", "crop_fill": "local_training", "input_norm": "preprocessing",
     "model": "model", "model_args": "model", "norm": "model", "norm_args": "model",
-    "method": "training", "method_args": "training", "buffers": "training", "affine": "training",
-    "client_opt": "training", "client_opt_args": "training", "server_opt": "training", "server_opt_args": "training",
-    "rounds": "schedule", "local_epochs": "training", "local_steps": "training", "batch_size": "training",
-    "drop_last": "training", "lr": "training", "momentum": "training", "weight_decay": "training",
-    "max_grad_norm": "training", "agc_clip": "training", "lr_decay": "training", "lr_milestones": "training",
-    "lr_gamma": "training", "lr_values": "training", "lr_restarts": "record", "dsgd": "training",
+    "method": "local_training", "method_args": "local_training", "buffers": "local_training", "affine": "local_training",
+    "client_opt": "local_training", "client_opt_args": "local_training", "server_opt": "training", "server_opt_args": "training",
+    "rounds": "schedule", "local_epochs": "local_training", "local_steps": "local_training", "batch_size": "local_training",
+    "drop_last": "local_training", "lr": "training", "momentum": "local_training", "weight_decay": "local_training",
+    "max_grad_norm": "local_training", "agc_clip": "local_training", "lr_decay": "training", "lr_milestones": "training",
+    "lr_gamma": "training", "lr_values": "training", "lr_restarts": "record", "dsgd": "local_training",
     "aggregator": "training", "nnm": "training", "robust_targets": "training", "attack": "training",
     "num_byzantine": "training", "attack_args": "training", "attack_targets": "training",
     "eval_every": "schedule", "eval_last_rounds": "schedule", "eval_batch_size": "runtime",
@@ -109,6 +110,11 @@ CACHE_IGNORED_FIELDS = fields_with_role("schedule", "output", "runtime", "device
 #: How a run is executed, not what it computes: may differ between runs trained stacked together
 #: (the device may not: a stack runs on one).
 EXECUTION_FIELDS = fields_with_role("seed", "output", "runtime")
+#: What every run trained stacked together must share (:mod:`fednorm.engine.stacked_runs`): the
+#: data and how it is prepared, the model, the method and its local steps, and how they execute;
+#: seed, partition, learning rate, server and schedule may differ.
+STACK_SHARED_FIELDS = fields_with_role("data", "data_source", "preprocessing", "model", "local_training", "dtype", "device",
+                                       "execution")
 #: Settings that do not change a run's results: runs differing only in these are one variant.
 NOT_RESULT_FIELDS = fields_with_role("seed", "output", "runtime", "device", "data_source", "execution")
 #: What a Flower node's experiment does not depend on (its cache key leaves them out).

@@ -169,3 +169,20 @@ def test_a_run_that_fails_before_it_is_built_does_not_hold_up_the_others(tmp_pat
     assert info["joint_rounds"] == 3  # the two others still trained together
     for i in (0, 2):
         _assert_same(results[i], api.run(configs[i].model_copy(update={"out": None}), write=False, progress=False))
+
+
+def test_what_stacked_runs_must_share_is_the_fields_roles(tmp_path):
+    """Every field of the method and its local steps (role ``local_training``), of the data, the
+    model and the execution blocks a stack when it differs; the seed, the partition, the learning
+    rate, the server and the schedule never do (the runs above that differ in them stack)."""
+    from fednorm.config_roles import FIELD_ROLES, STACK_SHARED_FIELDS
+
+    a = ExperimentConfig(**BASE, seed=0, out=str(tmp_path / "a"))
+    for name, role in FIELD_ROLES.items():
+        why = stack_blockers([a, a.model_copy(update={name: "__another__"})])
+        blocked = f"the runs differ in {name}" in why
+        assert blocked == (name in STACK_SHARED_FIELDS), (name, role, why)
+        if role in ("local_training", "model", "data", "preprocessing", "execution", "dtype", "device"):
+            assert blocked, name
+        if role in ("seed", "partition", "schedule", "training", "evaluation", "output", "runtime", "record"):
+            assert not blocked, name

@@ -27,6 +27,7 @@ from typing import Sequence
 import torch
 
 from ..config import ExperimentConfig
+from ..config_roles import STACK_SHARED_FIELDS
 from ..data.federated import FederatedData
 from ..methods.base import ClientUpdates, Method
 from ..nn.comm import CommTraffic, GroupedClientComm
@@ -34,14 +35,7 @@ from .rng import derive_seed, torch_generator
 from .simulator import Simulation
 from .vectorized import VectorizedExecutor
 
-__all__ = ["stack_blockers", "StackedRunsExecutor", "SHARED_FIELDS"]
-
-#: Settings every stacked run must share: they shape the stacked model and the local steps.
-SHARED_FIELDS = ("dataset", "dataset_args", "data_dir", "input_norm", "augment", "crop_fill", "model", "model_args", "norm", "norm_args",
-                 "method", "method_args", "buffers", "affine", "client_opt", "client_opt_args", "batch_size", "local_epochs",
-                 "local_steps", "drop_last", "momentum", "weight_decay", "max_grad_norm", "agc_clip", "dsgd", "dtype", "device",
-                 "channels_last", "train_compile", "executor", "max_parallel_clients")
-
+__all__ = ["stack_blockers", "StackedRunsExecutor"]
 
 def stack_blockers(configs: Sequence[ExperimentConfig]) -> list[str]:
     """Why ``configs`` cannot run stacked (empty when they can); checked before any run starts."""
@@ -49,7 +43,7 @@ def stack_blockers(configs: Sequence[ExperimentConfig]) -> list[str]:
 
     reasons = []
     first = configs[0]
-    for name in SHARED_FIELDS:
+    for name in STACK_SHARED_FIELDS:  # they shape the stacked model and the local steps
         values = {repr(getattr(c, name)) for c in configs}
         if len(values) > 1:
             reasons.append(f"the runs differ in {name}")

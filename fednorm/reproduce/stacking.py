@@ -35,10 +35,10 @@ def _group_key(spec: RunSpec) -> str:
 def _engine_key(spec: RunSpec) -> str:
     """What :func:`~fednorm.engine.stacked_runs.stack_blockers` needs equal across stacked runs."""
     from ..config import ExperimentConfig
-    from ..engine.stacked_runs import SHARED_FIELDS
+    from ..config_roles import STACK_SHARED_FIELDS
 
     config = ExperimentConfig(**spec.config)
-    return json.dumps({k: getattr(config, k) for k in SHARED_FIELDS}, sort_keys=True, default=str)
+    return json.dumps({k: getattr(config, k) for k in STACK_SHARED_FIELDS}, sort_keys=True, default=str)
 
 
 def stack_groups(work: Sequence[tuple[RunSpec, RunState]], max_runs: int | None = None,
