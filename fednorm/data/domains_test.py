@@ -52,6 +52,31 @@ def test_domains_partition_sizes_sources_and_errors():
         domains_partition(labels, 1, seed=0, domains=dom, domain_names=["a", "b", "c"], sources=["z"])
 
 
+def test_unequal_sources_keep_their_own_sizes():
+    """equal=False (FedBN's ABIDE sites, App. E.6): each source whole, or its fraction, cut into near-equal clients."""
+    dom = _dom([101, 40, 70])
+    labels = np.arange(len(dom)) % 10
+    parts = domains_partition(labels, 3, seed=2, domains=dom, equal=False)
+    assert [len(p) for p in parts] == [101, 40, 70]
+    for c, p in enumerate(parts):
+        np.testing.assert_array_equal(p, np.flatnonzero(dom == c))  # every sample of its own source, sorted
+    two = domains_partition(labels, 6, seed=2, domains=dom, equal=False, clients_per_domain=2)
+    assert [len(p) for p in two] == [51, 50, 20, 20, 35, 35]
+    assert [set(dom[p]) for p in two] == [{0}, {0}, {1}, {1}, {2}, {2}]
+    assert len(np.unique(np.concatenate(two))) == len(dom)  # disjoint, and together every sample
+    tenth = domains_partition(labels, 3, seed=2, domains=dom, equal=False, fraction=0.1)
+    assert [len(p) for p in tenth] == [10, 4, 7]  # floor(0.1 * n) of each source
+    (pooled,) = domains_partition(labels, 1, seed=2, domains=dom, equal=False, fraction=0.1, pooled=True)
+    np.testing.assert_array_equal(pooled, np.sort(np.concatenate(tenth)))
+    with pytest.raises(PartitionError, match="leave per_client out"):
+        domains_partition(labels, 3, seed=0, domains=dom, equal=False, per_client=10)
+    with pytest.raises(PartitionError, match="fewer than clients_per_domain"):
+        domains_partition(labels, 6, seed=0, domains=dom, domain_names=["a", "b", "c"], equal=False, fraction=0.02,
+                          clients_per_domain=2)
+    with pytest.raises(PartitionError, match="equal must be"):
+        domains_partition(labels, 3, seed=0, domains=dom, equal="no")
+
+
 def test_pooled_gives_one_client_exactly_the_one_client_per_source_split():
     """FedBN Table 12's centralized run pools the clients' data: the same samples, one client."""
     dom = _dom([100, 40, 70])

@@ -54,6 +54,7 @@ def domains(
     per_client: int | None = None,
     fraction: float | None = None,
     pooled: bool = False,
+    equal: bool = True,
 ) -> list[np.ndarray]:
     """Feature-shift split (FedBN, Li et al., 2021, Sec. 5.1): whole data sources go to clients.
 
@@ -62,6 +63,11 @@ def domains(
     samples = 10 % of the smallest source). Clients are numbered source by source:
     client ``c`` holds source ``sources[c // clients_per_domain]``. Samples beyond the equal
     size are left out (the paper also uses only a fraction of each source).
+
+    ``equal=False`` keeps each source's own size instead: its samples (or ``fraction`` of them)
+    are cut into ``clients_per_domain`` near-equal clients, so clients of different sources differ
+    in size, as FedBN's ABIDE sites do (Li et al., 2021, Table 1 and App. D.4: each site's client
+    holds all of its data) and its unequal-size study (App. E.6, ``fraction`` 0.1 of each source).
 
     ``pooled=True`` gives one client all of those samples instead (``num_clients`` 1, one
     client's share per source): FedBN's centralized training, which "pools all training data in
@@ -84,6 +90,7 @@ def domains(
             ``n_min`` the smallest source's size (FedBN's "percent", 0.1 → 743 of 7,438).
             Default (neither given): the smallest source split equally among its clients.
         pooled: one client holding every selected source's share (default: False).
+        equal: every client the same size (default: True); False keeps each source's own size.
 
     Returns:
         One sorted ``int64`` index array per client, each from a single source (with ``pooled``, one
@@ -129,9 +136,23 @@ def domains(
     small_name = f"'{domain_names[smallest]}'" if domain_names is not None else f"{smallest}"
     if per_client is not None and fraction is not None:
         raise PartitionError("give per_client or fraction, not both")
+    if fraction is not None and (not _is_real(fraction) or not 0 < fraction <= 1):
+        raise PartitionError(f"fraction must lie in (0, 1], got {fraction!r}")
+    if not isinstance(equal, (bool, np.bool_)):
+        raise PartitionError(f"equal must be true or false, got {equal!r}")
+    if not equal:
+        if per_client is not None:
+            raise PartitionError("per_client gives every client one size; with equal: false each source keeps its own "
+                                 "size (scale it with fraction), so leave per_client out")
+        parts = []
+        for d, m in zip(selected, members):
+            n = len(m) if fraction is None else max(1, int(np.floor(fraction * len(m))))
+            if n < cpd:
+                name = f"'{domain_names[d]}'" if domain_names is not None else f"{d}"
+                raise PartitionError(f"source {name} has {n} samples to share, fewer than clients_per_domain={cpd}")
+            parts += np.array_split(rng.permutation(m)[:n], cpd)
+        return _finish([np.concatenate(parts)] if pooled else parts)
     if fraction is not None:
-        if not _is_real(fraction) or not 0 < fraction <= 1:
-            raise PartitionError(f"fraction must lie in (0, 1], got {fraction!r}")
         per_client = max(1, int(np.floor(fraction * n_min)))
     elif per_client is None:
         per_client = n_min // cpd
