@@ -66,7 +66,7 @@ def test_expand_centralized_reads_the_batch_rule_and_refuses_other_args():
 
 
 @pytest.mark.parametrize("model", ["mlp", "simple_cnn", "ln_cnn", "fbn_cnn", "fedbn_cnn", "resnet20", "resnet18",
-                                   "ln_resnet18", "vgg11"])
+                                   "ln_resnet18", "vgg11", "resnet50", "vgg19", "mobilenet_v2", "alexnet_bn"])
 def test_run_method_centralized_for_every_model(tmp_path, model, capsys):
     import json
 
@@ -87,5 +87,6 @@ def test_run_method_centralized_for_every_model(tmp_path, model, capsys):
 def test_every_model_is_covered_by_the_centralized_run_test():
     from fednorm.models import list_models
 
-    covered = {"mlp", "simple_cnn", "ln_cnn", "fbn_cnn", "fedbn_cnn", "resnet20", "resnet18", "ln_resnet18", "vgg11"}
+    covered = {"mlp", "simple_cnn", "ln_cnn", "fbn_cnn", "fedbn_cnn", "resnet20", "resnet18", "ln_resnet18", "vgg11",
+               "resnet50", "vgg19", "mobilenet_v2", "alexnet_bn"}
     assert set(list_models()) <= covered, sorted(set(list_models()) - covered)

@@ -1,7 +1,9 @@
-"""CIFAR ResNets: FedTAN's ResNet-20 (option-A shortcut) and the CIFAR ResNet-18.
+"""ResNets: FedTAN's ResNet-20 (option-A shortcut), ResNet-18 and ResNet-50 (HBN Table 5).
 
-:class:`ResNet` covers both: a 3×3 stem without max-pool (or torchvision's ImageNet stem), stages
-of :class:`BasicBlock`, global average pooling and a linear head. Two shortcut types exist:
+:class:`ResNet` covers them all: a 3×3 stem without max-pool (or torchvision's ImageNet stem), stages
+of :class:`BasicBlock` (or torchvision's :class:`Bottleneck`, ResNet-50), global average pooling and
+a linear head. With the ImageNet stem the layers are torchvision's, so its ImageNet checkpoints load
+(``pretrained=PATH``; :mod:`fednorm.models.pretrained`, keys renamed by :func:`from_torchvision_key`). Two shortcut types exist:
 option A (He et al. 2016, §4.2: stride-2 subsampling plus zero channel padding, no parameters),
 used by ResNet-20 (FedTAN's, as its authors' released code builds it), and option B (1×1 conv,
 plus norm), used by
@@ -13,20 +15,26 @@ from __future__ import annotations
 
 from typing import Literal, Sequence
 
+import re
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..nn.norms import NormLayer, NormSpec, get_norm_layer
 from .base import ClassifierModel, to_hw, validate_common
+from .pretrained import PretrainedNorm, load_torchvision_weights
 from .registry import register_model
 
-__all__ = ["PadShortcut", "BasicBlock", "ResNet", "resnet20", "resnet18", "ln_resnet18"]
+__all__ = ["PadShortcut", "BasicBlock", "Bottleneck", "ResNet", "resnet20", "resnet18", "resnet50", "ln_resnet18",
+           "from_torchvision_key", "to_torchvision_key"]
 
 Shortcut = Literal["A", "B"]
 NormPosition = Literal["before", "after"]
 NormSites = Literal["all", "block_output"]
 Stem = Literal["cifar", "imagenet"]
+Block = Literal["basic", "bottleneck"]
+Init = Literal["default", "kaiming_normal", "torchvision"]
 
 
 class PadShortcut(nn.Module):
@@ -78,6 +86,9 @@ class BasicBlock(nn.Module):
             output; ``norm1`` is the identity). ``"block_output"`` needs ``norm_position="after"``.
     """
 
+    #: output channels per ``planes``
+    expansion = 1
+
     def __init__(
         self,
         in_planes: int,
@@ -116,6 +127,57 @@ class BasicBlock(nn.Module):
         return self.norm2(self.relu(out))
 
 
+class Bottleneck(nn.Module):
+    """torchvision's ResNet-50 block (ResNet v1.5: the stride sits on the 3×3 convolution).
+
+    ``relu(norm3(conv3(relu(norm2(conv2(relu(norm1(conv1(x)))))))) + sc(x))`` with ``conv1`` 1×1
+    (``in_planes → planes``), ``conv2`` 3×3 with ``stride``, ``conv3`` 1×1 (``planes → 4·planes``),
+    no conv bias; the shortcut is the identity, or a 1×1 conv with stride plus a norm (option B,
+    torchvision's ``downsample``) where the shape changes. Only the norm-before-activation placement
+    and option-B shortcuts exist for it.
+    """
+
+    expansion = 4
+
+    def __init__(
+        self,
+        in_planes: int,
+        planes: int,
+        stride: int,
+        norm_layer: NormLayer,
+        *,
+        shortcut: Shortcut = "B",
+        norm_position: NormPosition = "before",
+        norm_sites: NormSites = "all",
+    ) -> None:
+        super().__init__()
+        if shortcut != "B" or norm_position != "before" or norm_sites != "all":
+            raise ValueError(
+                "the bottleneck block (ResNet-50) has only option-B shortcuts, norms before the activation and a "
+                f"norm after every convolution; got shortcut={shortcut!r}, norm_position={norm_position!r}, "
+                f"norm_sites={norm_sites!r}"
+            )
+        out = planes * self.expansion
+        self.conv1 = nn.Conv2d(in_planes, planes, 1, bias=False)
+        self.norm1 = norm_layer(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.norm2 = norm_layer(planes)
+        self.conv3 = nn.Conv2d(planes, out, 1, bias=False)
+        self.norm3 = norm_layer(out)
+        self.relu = nn.ReLU(inplace=True)
+        self.shortcut: nn.Module
+        if stride == 1 and in_planes == out:
+            self.shortcut = nn.Identity()
+        else:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_planes, out, 1, stride, bias=False), norm_layer(out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.norm1(self.conv1(x)))
+        out = self.relu(self.norm2(self.conv2(out)))
+        out = self.norm3(self.conv3(out))
+        return self.relu(out + self.shortcut(x))
+
+
 class ResNet(ClassifierModel):
     """A ResNet of :class:`BasicBlock` stages for small images.
 
@@ -135,8 +197,12 @@ class ResNet(ClassifierModel):
         stem: ``"cifar"`` (conv3×3, stride 1, no max-pool) or ``"imagenet"`` (torchvision's
             conv7×7 stride 2 + max-pool 3×3 stride 2; HBN's Tiny-ImageNet ResNet-18, Chen et al.,
             2025, Sec. 4.1).
-        init: ``"default"`` (torch's) or ``"kaiming_normal"`` (``kaiming_normal_`` on every conv
-            and linear weight, as akamaster's ResNet-20; norm weights 1 and biases 0).
+        init: ``"default"`` (torch's), ``"kaiming_normal"`` (``kaiming_normal_`` on every conv
+            and linear weight, as akamaster's ResNet-20; norm weights 1 and biases 0) or
+            ``"torchvision"`` (torchvision's ResNet: ``kaiming_normal_(mode="fan_out")`` on every conv,
+            norms 1 and 0, the linear head torch's default).
+        block: ``"basic"`` (:class:`BasicBlock`) or ``"bottleneck"`` (:class:`Bottleneck`, whose
+            stages end with ``4 × width`` channels).
         norm_sites: ``"all"`` (default) or ``"block_output"``: a norm only on each residual
             block's post-ReLU output (stem and ``norm1`` are the identity), the LN paper's
             "FedFN – inside ψ/φ" ResNets (Zhang et al., 2024, Table 13). Needs ``norm_position="after"``.
@@ -154,8 +220,9 @@ class ResNet(ClassifierModel):
         shortcut: Shortcut = "B",
         norm_position: NormPosition = "before",
         stem: Stem = "cifar",
-        init: Literal["default", "kaiming_normal"] = "default",
+        init: Init = "default",
         norm_sites: NormSites = "all",
+        block: Block = "basic",
     ) -> None:
         super().__init__()
         validate_common(num_classes, in_channels)
@@ -166,8 +233,9 @@ class ResNet(ClassifierModel):
             ("shortcut", shortcut, ("A", "B")),
             ("norm_position", norm_position, ("before", "after")),
             ("stem", stem, ("cifar", "imagenet")),
-            ("init", init, ("default", "kaiming_normal")),
+            ("init", init, ("default", "kaiming_normal", "torchvision")),
             ("norm_sites", norm_sites, ("all", "block_output")),
+            ("block", block, ("basic", "bottleneck")),
         ):
             if value not in valid:
                 raise ValueError(f"Unknown value '{value}' for argument {arg}. Valid values are {valid}")
@@ -183,15 +251,16 @@ class ResNet(ClassifierModel):
         self.norm1 = norm_layer(planes) if norm_sites == "all" else nn.Identity()
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, 2, 1) if stem == "imagenet" else nn.Identity()
+        block_cls = BasicBlock if block == "basic" else Bottleneck
         stages: list[nn.Module] = []
         for i, (depth, width) in enumerate(zip(layers, widths)):
             blocks: list[nn.Module] = []
             for j in range(depth):
                 stride = 2 if i > 0 and j == 0 else 1
-                blocks.append(BasicBlock(
+                blocks.append(block_cls(
                     planes, width, stride, norm_layer, shortcut=shortcut, norm_position=norm_position, norm_sites=norm_sites
                 ))
-                planes = width
+                planes = width * block_cls.expansion
             stages.append(nn.Sequential(*blocks))
         self.layers = nn.Sequential(*stages)
         self.pool = nn.AdaptiveAvgPool2d(1)
@@ -202,6 +271,10 @@ class ResNet(ClassifierModel):
             for m in self.modules():
                 if isinstance(m, (nn.Conv2d, nn.Linear)):
                     nn.init.kaiming_normal_(m.weight)
+        elif init == "torchvision":
+            for m in self.modules():
+                if isinstance(m, nn.Conv2d):
+                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv1(x)
@@ -249,6 +322,9 @@ def resnet18(
     norm_position: NormPosition = "before",
     stem: Stem = "cifar",
     norm_sites: NormSites = "all",
+    init: Init = "default",
+    pretrained: str | None = None,
+    pretrained_norm: PretrainedNorm = "fresh",
 ) -> ResNet:
     """CIFAR ResNet-18 (Zhang et al., 2024, App. C.1; Chen et al., 2025, Table 5).
 
@@ -260,9 +336,12 @@ def resnet18(
     ``norm_position="after"`` gives the LN paper's ResNet (``group_norm_after``): each norm
     after its ReLU, in the stem and in the blocks, and shortcuts without norm (the authors'
     released code; use with ``norm="ln"`` for FedLN-ResNet). ``stem="imagenet"`` gives torchvision's
-    ResNet-18 (HBN's Tiny-ImageNet model, 11,689,512 parameters with BN and 1000 classes).
+    ResNet-18 (HBN's Tiny-ImageNet and Table 5 model, 11,689,512 parameters with BN and 1000 classes);
+    ``init="torchvision"`` its initialisation; ``pretrained=PATH`` loads torchvision's ImageNet
+    checkpoint (``resnet18-f37072fd.pth``) into that form, ``pretrained_norm`` saying what happens to
+    its BatchNorm tensors (:mod:`fednorm.models.pretrained`).
     """
-    return ResNet(
+    model = ResNet(
         (2, 2, 2, 2),
         (64, 128, 256, 512),
         num_classes=num_classes,
@@ -273,7 +352,78 @@ def resnet18(
         norm_position=norm_position,
         stem=stem,
         norm_sites=norm_sites,
+        init=init,
     )
+    if pretrained is not None:
+        load_torchvision_weights(model, pretrained, from_torchvision_key, norm=pretrained_norm, arch="resnet18")
+    return model
+
+
+@register_model()
+def resnet50(
+    *,
+    num_classes: int = 10,
+    in_channels: int = 3,
+    input_size: int | Sequence[int] = 32,
+    norm_layer: NormSpec = "bn",
+    stem: Stem = "cifar",
+    init: Init = "torchvision",
+    pretrained: str | None = None,
+    pretrained_norm: PretrainedNorm = "fresh",
+) -> ResNet:
+    """ResNet-50 (He et al., 2016; HBN Table 5, Chen et al., 2025), torchvision's layers.
+
+    Four stages of 3, 4, 6, 3 :class:`Bottleneck` blocks with widths 64, 128, 256, 512 (outputs
+    256, 512, 1024, 2048; stride 2 on the 3×3 conv of each stage's first block but the first's),
+    option-B shortcuts with a norm, global average pool, ``Linear(2048 → C)``; torchvision's
+    initialisation by default. ``stem="cifar"`` (default, as :func:`resnet18`): ``conv3×3(→64, s1)``
+    without max-pool, so a 32×32 input ends at 4×4; ``stem="imagenet"``: torchvision's ``conv7×7 s2
+    + max-pool`` (what HBN trained on 32×32 CIFAR-100, ending at 1×1), 25,557,032 parameters with BN
+    and 1000 classes. ``pretrained=PATH`` loads torchvision's ImageNet checkpoint
+    (``resnet50-0676ba61.pth``) into the ImageNet form (:mod:`fednorm.models.pretrained`).
+    ``num_features`` is 2048.
+    """
+    model = ResNet(
+        (3, 4, 6, 3),
+        (64, 128, 256, 512),
+        num_classes=num_classes,
+        in_channels=in_channels,
+        input_size=input_size,
+        norm_layer=norm_layer,
+        shortcut="B",
+        stem=stem,
+        init=init,
+        block="bottleneck",
+    )
+    if pretrained is not None:
+        load_torchvision_weights(model, pretrained, from_torchvision_key, norm=pretrained_norm, arch="resnet50")
+    return model
+
+
+def from_torchvision_key(key: str) -> str:
+    """A torchvision ResNet state-dict key as :class:`ResNet`'s (``layer1.0.bn1.weight`` ->
+    ``layers.0.0.norm1.weight``, ``layer2.0.downsample.0.weight`` -> ``layers.1.0.shortcut.0.weight``,
+    ``bn1`` -> ``norm1``, ``fc`` -> ``head``)."""
+    key = re.sub(r"^bn1\.", "norm1.", key)
+    key = re.sub(r"^fc\.", "head.", key)
+    m = re.match(r"^layer(\d+)\.(\d+)\.(.*)$", key)
+    if m:
+        rest = re.sub(r"^bn(\d)\.", r"norm\1.", m.group(3))
+        rest = re.sub(r"^downsample\.", "shortcut.", rest)
+        key = f"layers.{int(m.group(1)) - 1}.{m.group(2)}.{rest}"
+    return key
+
+
+def to_torchvision_key(key: str) -> str:
+    """The inverse of :func:`from_torchvision_key`."""
+    key = re.sub(r"^norm1\.", "bn1.", key)
+    key = re.sub(r"^head\.", "fc.", key)
+    m = re.match(r"^layers\.(\d+)\.(\d+)\.(.*)$", key)
+    if m:
+        rest = re.sub(r"^norm(\d)\.", r"bn\1.", m.group(3))
+        rest = re.sub(r"^shortcut\.", "downsample.", rest)
+        key = f"layer{int(m.group(1)) + 1}.{m.group(2)}.{rest}"
+    return key
 
 
 @register_model()
