@@ -16,6 +16,7 @@ from .usps import USPS
 from .datasets import dataset_to_tensors, get_dataset_info, list_datasets, load_dataset
 from .domains import DigitsDomains
 from .domains_dataset import DomainsDataset
+from .gaussians import TwoGaussians
 from .presets import Digits5, DomainNet, ImageFolder, OfficeCaltech10
 from .hf import HFImageDataset  # registers --dataset hf:<path> (datasets is imported only when used)
 from .download import check_integrity, download_url, extract_archive
@@ -38,6 +39,7 @@ __all__ = [
     "ImageFolder",
     "MultiDomainDataset",
     "OfficeCaltech10",
+    "TwoGaussians",
     "FashionMNIST",
     "default_root",
     "check_integrity",

@@ -102,6 +102,9 @@ class ImageDataset:
 
     info: ClassVar[DatasetInfo]
     classes: list[str] = []
+    #: dtype of ``data``: uint8 pixels, or float32 for feature vectors in their own units (a
+    #: generated task such as :mod:`~fednorm.data.gaussians`; ``N×1×1×F``, one feature a channel)
+    sample_dtype: ClassVar[type] = np.uint8
     resources: ClassVar[list[tuple[str, str | None]]] = []
     mirrors: ClassVar[list[str]] = []
     npz_prefix: ClassVar[str | None] = None
@@ -178,9 +181,9 @@ class ImageDataset:
         """Check dtype, shape and label range, so a bad file fails here and not mid-training."""
         where = ", ".join(str(p) for p in found.paths) or self.info.name
         info = self.info
-        if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
+        if not isinstance(data, np.ndarray) or data.dtype != self.sample_dtype:
             dtype = getattr(data, "dtype", type(data).__name__)
-            raise DatasetError(f"Images in {where} must be uint8, got {dtype}")
+            raise DatasetError(f"Images in {where} must be {np.dtype(self.sample_dtype).name}, got {dtype}")
         expected = (*info.image_size, info.in_channels)
         if data.ndim != 4 or tuple(data.shape[1:]) != expected:
             raise DatasetError(

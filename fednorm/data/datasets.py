@@ -98,7 +98,8 @@ def dataset_to_tensors(
     ds: ImageDataset, mean: Sequence[float] | None = None, std: Sequence[float] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Whole dataset as float32 ``N×C×H×W`` normalized with ``mean``/``std`` (default:
-    ``info.mean/std``), and int64 labels.
+    ``info.mean/std``), and int64 labels. uint8 images are scaled to [0, 1] first; float
+    features (``sample_dtype`` float32) are standardised in their own units.
 
     One vectorized conversion, so clients can index tensors instead of decoding samples.
     """
@@ -109,6 +110,12 @@ def dataset_to_tensors(
             f"input normalisation has {len(mean)} mean and {len(std)} std values, '{ds.info.name}' has "
             f"{ds.info.in_channels} channel(s)"
         )
-    x = normalize(ds.data, mean, std)
+    if np.issubdtype(ds.data.dtype, np.floating):  # feature vectors in their own units: no /255
+        m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+        s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+        x = (torch.from_numpy(np.ascontiguousarray(ds.data, dtype=np.float32)).permute(0, 3, 1, 2) - m) / s
+        x = x.contiguous()
+    else:
+        x = normalize(ds.data, mean, std)
     y = torch.from_numpy(np.array(ds.targets, dtype=np.int64))  # a copy: independent of ds
     return x, y

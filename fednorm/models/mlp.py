@@ -31,6 +31,9 @@ class MLP(ClassifierModel):
         input_size: input ``(H, W)`` or side length (28 for MNIST: 784 inputs).
         norm_layer: norm specification, resolved by ``get_norm_layer``.
         hidden: hidden width (default: 30, FedTAN's).
+        init_std: if given, the hidden layer's weights and biases are drawn from
+            ``N(0, init_std²)`` (FedBN Appendix F's synthetic task: ``W_k ~ N(0, α²I)``,
+            ``b_k ~ N(0, α²)`` with α = 10) instead of PyTorch's default uniform init.
     """
 
     def __init__(
@@ -41,6 +44,7 @@ class MLP(ClassifierModel):
         input_size: int | Sequence[int] = 28,
         norm_layer: NormSpec = "bn",
         hidden: int = 30,
+        init_std: float | None = None,
     ) -> None:
         super().__init__()
         validate_common(num_classes, in_channels)
@@ -54,6 +58,11 @@ class MLP(ClassifierModel):
             norm_layer(hidden, spatial=False),
             nn.ReLU(inplace=True),
         )
+        if init_std is not None:
+            if isinstance(init_std, bool) or not isinstance(init_std, (int, float)) or not init_std > 0:
+                raise ValueError(f"init_std must be a positive number, got {init_std!r}")
+            nn.init.normal_(self.fc[1].weight, 0.0, float(init_std))
+            nn.init.normal_(self.fc[1].bias, 0.0, float(init_std))
         self.num_features = hidden
         self.num_classes = num_classes
         self.head = nn.Linear(hidden, num_classes)
@@ -70,6 +79,8 @@ def mlp(
     input_size: int | Sequence[int] = 28,
     norm_layer: NormSpec = "bn",
     hidden: int = 30,
+    init_std: float | None = None,
 ) -> MLP:
     """FedTAN's MNIST MLP (Wang et al., 2023, Sec. 6.1.1), any input size; see :class:`MLP`."""
-    return MLP(num_classes=num_classes, in_channels=in_channels, input_size=input_size, norm_layer=norm_layer, hidden=hidden)
+    return MLP(num_classes=num_classes, in_channels=in_channels, input_size=input_size, norm_layer=norm_layer, hidden=hidden,
+               init_std=init_std)
