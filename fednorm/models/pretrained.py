@@ -29,6 +29,7 @@ What is loaded, decided by the *fednorm* module each tensor lands in (its type, 
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Callable, Literal, Mapping
@@ -69,12 +70,14 @@ def read_state_dict(source: str | os.PathLike | Mapping[str, torch.Tensor]) -> d
     if isinstance(source, Mapping):
         state = dict(source)
     else:
-        path = Path(source).expanduser()
+        path = Path(os.path.expandvars(os.fspath(source))).expanduser()
         if not path.is_file():
             raise ConfigError(
                 f"pretrained weights not found at {path}: pass the path of a torchvision checkpoint saved on this "
-                f"machine (fednorm does not download it; URLs in fednorm.models.pretrained.TORCHVISION_WEIGHTS)"
+                f"machine (fednorm does not download it; URLs in fednorm.models.pretrained.TORCHVISION_WEIGHTS; "
+                f"configs name them as $FEDNORM_WEIGHTS/<file>)"
             )
+        _check_torchvision_hash(path)
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # a truncated or non-torch file
@@ -84,6 +87,23 @@ def read_state_dict(source: str | os.PathLike | Mapping[str, torch.Tensor]) -> d
     if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ConfigError("pretrained weights must be a state dict (a mapping of names to tensors), as torchvision saves")
     return dict(state)
+
+
+def _check_torchvision_hash(path: Path) -> None:
+    """A file named as one of torchvision's checkpoints (``resnet50-0676ba61.pth``) must have the
+    SHA-256 whose first hex digits its name carries (torch.hub's ``check_hash``), so a truncated or
+    other file under that name is refused rather than trained from."""
+    names = {url.rsplit("/", 1)[1] for url in TORCHVISION_WEIGHTS.values()}
+    if path.name not in names:
+        return
+    prefix = path.stem.rsplit("-", 1)[1]
+    digest = hashlib.sha256(usedforsecurity=False)
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    if not digest.hexdigest().startswith(prefix):
+        raise ConfigError(f"pretrained weights at {path} are corrupted: their SHA-256 does not start with {prefix}, as "
+                          f"torchvision's file of that name does; download it again")
 
 
 def _owner(model: nn.Module, key: str) -> tuple[nn.Module | None, str]:

@@ -133,3 +133,14 @@ def test_torchvisions_own_model_loads_and_computes_the_same(name, tv_module, tv_
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours.eval()(x), tv.eval()(x), rtol=0, atol=0)
+
+
+def test_paths_expand_the_weights_folder_variable_and_torchvision_names_are_hash_checked(tmp_path, monkeypatch):
+    source, path = _export("vgg11", {"classifier": "imagenet"}, vgg, tmp_path)
+    monkeypatch.setenv("FEDNORM_WEIGHTS", str(tmp_path))
+    loaded = get_model("vgg11", classifier="imagenet", num_classes=1000, pretrained="$FEDNORM_WEIGHTS/vgg11.pth")
+    assert torch.equal(loaded.features[0].weight, source.features[0].weight)
+    # under torchvision's file name the SHA-256 must start with the digits the name carries (torch.hub's check)
+    (tmp_path / "vgg11_bn-6002323d.pth").write_bytes(path.read_bytes())
+    with pytest.raises(ConfigError, match="corrupted"):
+        get_model("vgg11", classifier="imagenet", pretrained="${FEDNORM_WEIGHTS}/vgg11_bn-6002323d.pth")
