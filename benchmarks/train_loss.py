@@ -11,7 +11,7 @@ chosen step and on the mean; ``--plot`` draws the mean curves (log loss axis).
 
     python benchmarks/train_loss.py reproduction/fedbn/fig9 --rows fedavg,fedbn,fedavg_sum,fedbn_sum \
         --pair fedavg:fedbn --pair fedavg_sum:fedbn_sum --steps 10,100,300,600 \
-        --out reproduction/fedbn/fig9/train_loss.json --plot reproduction/fedbn/plots/fig9_train_loss.png
+        --out reproduction/fedbn/fig9_train_loss.json --plot reproduction/fedbn/plots/fig9_train_loss.png
 """
 
 from __future__ import annotations
@@ -109,10 +109,9 @@ def plot(table_dir: Path, rows: list[str], path: Path) -> None:
     ax.set_xlabel("local step")
     ax.set_ylabel("training loss (mean over seeds)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    ax.legend(fontsize=7, bbox_to_anchor=(1.02, 1.0), loc="upper left")  # beside the axes: the curves fill them
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
 def main() -> None:
