@@ -167,7 +167,22 @@ def _fake_digits5(root: Path) -> None:
         _fake_npz(root / f"{domain}_test.npz", 10, 2, 28, 2 * i + 1)
 
 
-FAKE_TREES = {"cifar100": _fake_cifar100, "digits5": _fake_digits5}
+def _fake_tiny_imagenet(root: Path) -> None:
+    """docs/data.md's Tiny-ImageNet npz layout: tiny_imagenet_{train,test}.npz (x uint8 N×64×64×3, y 0-199);
+    tests/test_reproduce_data_not_here.py trains on the release's JPEG folders too."""
+    _fake_npz(root / "tiny_imagenet_train.npz", 200, 2, 64, 12)
+    _fake_npz(root / "tiny_imagenet_test.npz", 200, 1, 64, 13)
+
+
+def _fake_abide(root: Path) -> None:
+    """docs/data.md's ABIDE I layout: abide/<site>.npz (x float N×5,995, y, subject) for nyu, usm, um, ucla."""
+    from fednorm.data.abide_test import write_fake_abide
+
+    write_fake_abide(root, {"nyu": 10, "usm": 6, "um": 8, "ucla": 7}, windows=5, features=5995)
+
+
+FAKE_TREES = {"cifar100": _fake_cifar100, "digits5": _fake_digits5, "tiny_imagenet": _fake_tiny_imagenet,
+              "abide": _fake_abide}
 
 
 def _configs_for_data_not_here() -> list[str]:

@@ -17,6 +17,8 @@ from .datasets import dataset_to_tensors, get_dataset_info, list_datasets, load_
 from .domains import DigitsDomains
 from .domains_dataset import DomainsDataset
 from .gaussians import TwoGaussians
+from .tiny_imagenet import TinyImageNet
+from .abide import ABIDE
 from .presets import Digits5, DomainNet, ImageFolder, OfficeCaltech10
 from .hf import HFImageDataset  # registers --dataset hf:<path> (datasets is imported only when used)
 from .download import check_integrity, download_url, extract_archive
@@ -40,6 +42,8 @@ __all__ = [
     "MultiDomainDataset",
     "OfficeCaltech10",
     "TwoGaussians",
+    "TinyImageNet",
+    "ABIDE",
     "FashionMNIST",
     "default_root",
     "check_integrity",
