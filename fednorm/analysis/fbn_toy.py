@@ -3,7 +3,7 @@
 n = 10 clients; client i's class has mean ``μ_i = 10·(cos(2π(i−1)/10), sin(2π(i−1)/10))`` and
 covariance ``s²·I₂`` (s² = 1); each round every client draws m = 30 fresh points and one "layer",
 a BatchNorm without affine parameters, normalises them. Heterogeneity is γ-similarity (the
-paper's Fig. 2c levels are not recoverable from its text; spec/002_fbn.md §5 recommends this):
+paper's Fig. 2c levels are not recoverable from its text; our choice):
 each point comes from a uniformly random class with probability γ, else from its client's own
 class, so γ = 0 is the paper's one-class-per-client setting of Figs. 1, 2a-b.
 

@@ -103,7 +103,7 @@ class ImageDataset:
     info: ClassVar[DatasetInfo]
     classes: list[str] = []
     #: dtype of ``data``: uint8 pixels, or float32 for feature vectors in their own units (a
-    #: generated task such as :mod:`~fednorm.data.gaussians`; ``N×1×1×F``, one feature a channel)
+    #: generated task such as ``fednorm.data.gaussians``; ``N×1×1×F``, one feature a channel)
     sample_dtype: ClassVar[type] = np.uint8
     resources: ClassVar[list[tuple[str, str | None]]] = []
     mirrors: ClassVar[list[str]] = []

@@ -8,16 +8,18 @@ Two data sources ("domains"), one per client, binary labels, 10-d features. The 
   by having non-zero values on off-diagonal entries" (the caption: "a combination of Diagonal
   Gaussian and Full Gaussian").
 
-**Σ2 is not given; our choice** follows spec/004_fedbn.md §5 row 12: the equicorrelated
-``Σ2 = (1 − ρ)·I + ρ·11ᵀ`` with ``ρ = 0.5`` (half the identity, half the all-ones "full"
-matrix: unit variances, every off-diagonal 0.5). It keeps the paper's property that the two
-clients share ``P(y|x)``'s form and means but differ in ``P(x)`` (feature shift). ``rho`` is a
+**Σ2 is not given; our choice** is the equicorrelated ``Σ2 = (1 − ρ)·I + ρ·11ᵀ`` with
+``ρ = 0.5`` (half the identity, half the all-ones "full" matrix: unit variances, every
+off-diagonal 0.5), the recommendation of the project's implementation notes. It keeps the
+paper's property that the two clients share the class means but differ in ``P(x)`` (feature
+shift). ``rho`` is a
 dataset option (``dataset_args: {rho: ...}``; ``rho = 0`` gives two identical sources). A
 consequence worth knowing: ``1`` is an eigenvector of Σ2 with eigenvalue ``1 + 9ρ`` = 5.5, so
 the classes of client 2 overlap. The Bayes accuracy (equal priors) is ``Φ(d/2)`` with
 ``d² = Δᵀ Σ⁻¹ Δ``, ``Δ = 2·1``: 99.92 % for client 1 (d² = 40) and 91.1 % for client 2
 (d² = 40/5.5) at ρ = 0.5 (:func:`bayes_accuracy`), so the paper's "100 % accuracy" cannot hold
-on client 2 under this Σ2; the training-loss comparison of Fig. 9 does not depend on it.
+on client 2 under this Σ2 (``rho = -0.1`` gives a Σ2 under which both clients are separable:
+Bayes accuracy 100.00 %). Fig. 9 itself compares training losses.
 
 Sample counts are not given either (our choice): ``train_per_class = 500`` and
 ``test_per_class = 500`` per label and source, so each client holds 1,000 training samples.
@@ -97,7 +99,7 @@ def generate_gaussians(
 
 @register_dataset("gaussians")
 class TwoGaussians(MultiDomainDataset):
-    """FedBN Appendix F's two-client Gaussian task (see :mod:`fednorm.data.gaussians`).
+    """FedBN Appendix F's two-client Gaussian task (the module ``fednorm.data.gaussians`` says more).
 
     Two sources, ``diagonal`` (Σ1 = I) and ``full`` (Σ2 = (1 − ρ)·I + ρ·11ᵀ, our choice of the
     unstated Σ2), labels 0/1 with means −1/+1 in 10 dimensions. Generated in memory (no files);
@@ -107,7 +109,7 @@ class TwoGaussians(MultiDomainDataset):
         root, train, download: as every dataset (nothing is read or downloaded).
         train_per_class: training samples per label and source (default 500, our choice).
         test_per_class: test samples per label and source (default 500, our choice).
-        rho: Σ2's off-diagonal value (default 0.5, spec/004_fedbn.md §5 row 12).
+        rho: Σ2's off-diagonal value (default 0.5, our choice; the paper gives none).
         generation_seed: seed of the draw (default 0; the data do not change with the run's seed).
     """
 
