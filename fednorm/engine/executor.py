@@ -18,7 +18,7 @@ from ..errors import DivergenceError, InconsistentUpdateError
 from ..methods.base import ClientUpdates, Method, stack_rows
 from .bank import ClientStateBank
 from .client_rows import LazyClientContext
-from .local import LocalSpec, batch_plan, small_clients_message, train_local
+from .local import LocalResult, LocalSpec, batch_plan, read_losses, small_clients_message, train_local
 from .rng import derive_seed, torch_generator
 
 __all__ = ["Executor", "SequentialExecutor", "MOMENTUM_PREFIX", "stack_uploads"]
@@ -77,19 +77,25 @@ class SequentialExecutor(Executor):
         self, server_round: int, client_ids: list[int], global_state: dict[str, torch.Tensor], lr: float
     ) -> ClientUpdates:
         """Train ``client_ids`` one by one. A client whose training raises (other than a
-        divergence, which stops the run) is left out of the updates and listed in ``failures``."""
+        divergence, which stops the run) is left out of the updates and listed in ``failures``.
+
+        The clients' step losses stay on the device until the round's clients are trained, then
+        are read in one copy (:func:`~fednorm.engine.local.read_losses`): the same sums, and the
+        first diverged client's DivergenceError, raised after the round's training instead of
+        after that client's."""
         method = self.method
         rows: list[dict[str, torch.Tensor]] = []
         kept: list[int] = []
-        stats: list[tuple[float, float, int, float]] = []
+        stats: list[tuple[float, LocalResult, int, float]] = []
         uploads: list[dict[str, torch.Tensor]] = []
         failures: dict[int, str] = {}
         self.last_samples_seen = 0
         for cid in client_ids:
             start = time.perf_counter()
             try:
-                row, upload, n, loss, steps = self._train_client(server_round, cid, global_state, lr)
+                row, upload, n, result = self._train_client(server_round, cid, global_state, lr)
             except (DivergenceError, KeyboardInterrupt):
+                read_losses([s[1] for s in stats])  # an earlier client's divergence comes first
                 raise
             except Exception as exc:  # a crashing client is dropped from the round, not the run
                 failures[cid] = f"{type(exc).__name__}: {exc}"
@@ -97,7 +103,8 @@ class SequentialExecutor(Executor):
             rows.append(row)
             kept.append(cid)
             uploads.append(upload)
-            stats.append((n, loss, steps, time.perf_counter() - start))
+            stats.append((n, result, result.steps, time.perf_counter() - start))
+        read_losses([s[1] for s in stats])  # the round's one read of its losses
         states = {
             key: torch.stack([r[key] for r in rows]) if rows else global_state[key].new_empty((0, *global_state[key].shape))
             for key in method.shared_keys
@@ -107,7 +114,7 @@ class SequentialExecutor(Executor):
             client_ids=kept,
             states=states,
             num_examples=torch.tensor(col[0], dtype=torch.float64),
-            train_loss=torch.tensor(col[1], dtype=torch.float64),
+            train_loss=torch.tensor([r.mean_loss for r in col[1]], dtype=torch.float64),
             num_steps=torch.tensor(col[2], dtype=torch.int64),
             extras=stack_uploads(uploads, kept),
             failures=failures,
@@ -116,7 +123,7 @@ class SequentialExecutor(Executor):
 
     def _train_client(
         self, server_round: int, cid: int, global_state: dict[str, torch.Tensor], lr: float
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int, float, int]:
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int, LocalResult]:
         method, model, data, spec = self.method, self.model, self.data, self.spec
         local = self.client_local(cid, global_state)
         model_state = dict(global_state)
@@ -147,7 +154,7 @@ class SequentialExecutor(Executor):
             lr=lr, spec=spec, generator=gen, momentum=momentum or None,
             loss_hook=(lambda m, loss: method.client_loss(ctx, m, loss)) if method.has_client_loss else None,
             grad_hook=(lambda m, closure: method.client_gradient(ctx, m, closure)) if method.has_client_gradient else None,
-            where=f"round {server_round}, client {cid}, method {method.name}",
+            where=f"round {server_round}, client {cid}, method {method.name}", read=False,
         )
         method.client_end(ctx)
         self.last_samples_seen += result.num_seen
@@ -158,7 +165,7 @@ class SequentialExecutor(Executor):
             ctx.local_state.update({MOMENTUM_PREFIX + n_: v for n_, v in result.momentum.items()})
         if ctx.local_state:
             self.bank.put(cid, ctx.local_state)
-        return row, ctx.uploads, n, result.mean_loss, result.steps
+        return row, ctx.uploads, n, result
 
 
 def stack_uploads(uploads: list[dict[str, torch.Tensor]], client_ids: list[int]) -> dict[str, torch.Tensor]:

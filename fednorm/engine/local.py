@@ -9,6 +9,7 @@ persistent client momentum.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -49,6 +50,9 @@ class LocalResult:
     num_seen: int = 0
     steps: int = 0
     momentum: dict[str, torch.Tensor] | None = None
+    # train_local(read=False): the step losses still on the device, their batch sizes and the
+    # DivergenceError's place, until read_losses reads them (loss_sum is 0.0 until then)
+    pending: tuple[torch.Tensor | None, list[int], str] | None = None
 
     @property
     def mean_loss(self) -> float:
@@ -186,6 +190,7 @@ def train_local(
     loss_hook: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None,
     grad_hook: Callable[[nn.Module, Callable[[], torch.Tensor]], None] | None = None,
     where: str = "",
+    read: bool = True,
 ) -> LocalResult:
     """Run ``plan``'s mini-batches of SGD on ``(x, y)`` in place on ``model``.
 
@@ -203,9 +208,12 @@ def train_local(
             recomputes the step's loss and its gradients on the same batch (clearing ``.grad``
             first); it may replace the gradients the step uses (FedSAM's second pass).
         where: "round R, client C, method M", named in a DivergenceError.
+        read: sum and check the step losses before returning; ``False`` leaves them on the device
+            in ``pending`` for :func:`read_losses`, which reads several clients' in one copy (a
+            step whose training raises still reads its client's at once).
 
     Raises:
-        DivergenceError: the loss became NaN or Inf.
+        DivergenceError: the loss became NaN or Inf (with ``read=False``: from :func:`read_losses`).
     """
     from ..data.transforms import random_crop_flip
 
@@ -251,7 +259,10 @@ def train_local(
     except Exception:
         _read_losses(losses, sizes, where)  # a step after a divergence may fail on its NaNs: that is the cause
         raise
-    result.loss_sum = _read_losses(losses, sizes, where)
+    if read:
+        result.loss_sum = _read_losses(losses, sizes, where)
+    else:
+        result.pending = (losses, sizes, where)
     return result
 
 
@@ -259,11 +270,31 @@ def _read_losses(losses: torch.Tensor | None, sizes: list[int], where: str) -> f
     """The summed loss of :func:`train_local`'s steps (``losses[t]`` times ``sizes[t]``, added in
     step order on the host, as each step once did), read from the device once; raises
     :class:`~fednorm.errors.DivergenceError` for the first step whose loss was not finite."""
-    total = 0.0
     if losses is None:  # no step computed a loss
-        return total
-    for step, (value, size) in enumerate(zip(losses[: len(sizes)].tolist(), sizes), start=1):
+        return 0.0
+    return _sum_losses(losses[: len(sizes)].tolist(), sizes, where)
+
+
+def _sum_losses(values: list[float], sizes: list[int], where: str) -> float:
+    total = 0.0
+    for step, (value, size) in enumerate(zip(values, sizes), start=1):
         if not math.isfinite(value):
             raise DivergenceError(f"non-finite training loss ({value}) at {where or 'local training'}, step {step}")
         total += value * size
     return total
+
+
+def read_losses(results: Sequence[LocalResult]) -> None:
+    """Sum and check the pending step losses of several :func:`train_local` calls (``read=False``)
+    with one read from the device, result by result in order, with :func:`train_local`'s own
+    arithmetic: each ``loss_sum`` is what reading it there gave, and the first non-finite loss
+    raises the DivergenceError that call would have raised."""
+    waiting = [r for r in results if r.pending is not None]
+    held = [(r, r.pending[0][: len(r.pending[1])]) for r in waiting if r.pending[0] is not None]
+    dtype = functools.reduce(torch.promote_types, (t.dtype for _, t in held)) if held else None
+    values = iter(torch.cat([t.to(dtype) for _, t in held]).tolist() if held else [])  # exact: a wider float
+    for r in waiting:
+        losses, sizes, where = r.pending
+        if losses is not None:
+            r.loss_sum = _sum_losses([next(values) for _ in sizes], sizes, where)
+        r.pending = None
