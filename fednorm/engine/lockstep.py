@@ -65,7 +65,7 @@ def synced_loss(
     size_t = torch.tensor(sizes, dtype=x.dtype, device=x.device)
     mask = torch.arange(bmax, device=x.device).unsqueeze(1) < size_t.unsqueeze(0)  # [B, K]
     ragged = min(sizes) < bmax  # known on the host: no read of the mask
-    set_row_mask(net, mask if ragged else None, total_rows=total_batch)
+    set_row_mask(net, mask if ragged else None, total_rows=total_batch, row_sizes=sizes)
     try:
         logits = forward(x)
     finally:

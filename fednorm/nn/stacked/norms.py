@@ -3,7 +3,7 @@ feature normalization, plus the switches the engine sets on a stacked model's no
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +40,8 @@ def set_client_comm(model: nn.Module, comm: ClientComm | None, *, backward: bool
     return model
 
 
-def set_row_mask(model: nn.Module, mask: torch.Tensor | None, *, total_rows: int | None = None) -> nn.Module:
+def set_row_mask(model: nn.Module, mask: torch.Tensor | None, *, total_rows: int | None = None,
+                 row_sizes: Sequence[int] | None = None) -> nn.Module:
     """Mark which rows of each client's (padded) batch are real: ``mask`` is ``[B, K]`` bool.
 
     Synchronised BatchNorm then leaves padded rows out of every statistic, so clients with
@@ -49,12 +50,14 @@ def set_row_mask(model: nn.Module, mask: torch.Tensor | None, *, total_rows: int
     ``total_rows`` is the number of real rows over *every* participating client, these and
     those elsewhere (other processes); ``None``: the real rows here. The count weights
     ``B_i/ΣB`` need ``ΣB``; like the paper's weights ``p_i`` it is known to every party in
-    advance, so it costs no exchange.
+    advance, so it costs no exchange. ``row_sizes``: each client's real rows (the mask's column
+    sums) as the host knows them, so that no layer reads the device for ``ΣB``.
     """
     for m in model.modules():
         if isinstance(m, StackedBatchNorm):
             m.row_mask = mask
             m.total_rows = total_rows
+            m.row_sizes = None if mask is None or row_sizes is None else list(row_sizes)
     return model
 
 
@@ -120,6 +123,7 @@ class StackedBatchNorm(nn.Module):
         self.sync_backward = True
         self.row_mask: torch.Tensor | None = None
         self.total_rows: int | None = None
+        self.row_sizes: list[int] | None = None  # the row mask's column sums, on the host
         self.frozen = False
         self.forward_clients: torch.Tensor | None = None
 
@@ -160,7 +164,8 @@ class StackedBatchNorm(nn.Module):
             return s / counts.unsqueeze(-1)
 
         if self.total_rows is None:
-            total_rows = self.comm.row_totals(rows) if isinstance(self.comm, LocalClientComm) else float(rows.sum())
+            total_rows = (self.comm.row_totals(rows, self.row_sizes) if isinstance(self.comm, LocalClientComm)
+                          else float(rows.sum()))
         else:
             total_rows = (self.total_rows.to(dtype=x.dtype, device=x.device) if isinstance(self.total_rows, torch.Tensor)
                           else float(self.total_rows))
