@@ -18,8 +18,9 @@ the ``bn`` row, one run, its evaluation every ``eval_every`` rounds) at this com
 the same run, round by round in alternating order (ABBA); round 1 (first-call costs) is not
 timed. Each block of ``eval_every`` consecutive timed rounds holds one evaluation, the table's
 cadence; the paired ratio is this commit's block time over ``COMMIT``'s, median over blocks. Each
-worker also sums the time its steps spend drawing the crops and gathering the batches (the step
-feed, ``fednorm/engine/feed.py``, or the per-row ``_gather`` before it), as a share of the round:
+worker also sums the wall and CPU time its steps spend drawing the crops and gathering the batches
+(the step feed, ``fednorm/engine/feed.py``, or the per-row ``_gather`` before it), as shares of the
+round's wall and CPU time. On a machine shared with other work, the CPU figures are the steadier:
 
     python benchmarks/round_vs_centralized.py --data-dir ../shared/data --versus ea4d3ad --blocks 3
 """
@@ -74,7 +75,8 @@ def table1_bn(data_dir_: str) -> dict:
 
 
 def _timed_feed(totals: dict[str, float]) -> None:
-    """Add the time spent in the step feed's calls (or, before it, the per-row gather) to ``totals``."""
+    """Add the wall and CPU time spent in the step feed's calls (or, before it, the per-row gather)
+    to ``totals["feed"]`` and ``totals["feed_cpu"]``."""
     from fednorm.engine import vectorized
 
     targets = [(vectorized.VectorizedExecutor, "_gather")]
@@ -88,11 +90,12 @@ def _timed_feed(totals: dict[str, float]) -> None:
         real = getattr(owner, name)
 
         def timed(*args, _real=real, **kwargs):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             try:
                 return _real(*args, **kwargs)
             finally:
                 totals["feed"] += time.perf_counter() - t0
+                totals["feed_cpu"] += time.process_time() - c0
 
         setattr(owner, name, timed)
 
@@ -101,17 +104,17 @@ def worker(config: dict, threads: int) -> None:
     """One side of ``--versus``: build the run, then one round per ``step`` line on stdin, each
     answered by a line of its wall and CPU seconds, samples, whether it evaluated, and feed seconds."""
     torch.set_num_threads(threads)
-    totals = {"feed": 0.0}
+    totals = {"feed": 0.0, "feed_cpu": 0.0}
     _timed_feed(totals)
     cfg = ExperimentConfig(**config)
     sim = Simulation(cfg)
     print(_MARK + json.dumps({"executor": sim.executor.name}), flush=True)
     while sys.stdin.readline().strip() == "step":
-        totals["feed"] = 0.0
+        totals["feed"] = totals["feed_cpu"] = 0.0
         w0, c0 = time.perf_counter(), time.process_time()
         record = sim.step()
         w1, c1 = time.perf_counter(), time.process_time()
-        print(_MARK + json.dumps({"round": record.server_round, "wall": w1 - w0, "cpu": c1 - c0, "feed": totals["feed"],
+        print(_MARK + json.dumps({"round": record.server_round, "wall": w1 - w0, "cpu": c1 - c0, "feed": totals["feed"], "feed_cpu": totals["feed_cpu"],
                                   "samples": sim.executor.last_samples_seen,
                                   "evaluated": record.server_round % cfg.eval_every == 0}), flush=True)
 
@@ -182,24 +185,27 @@ def versus(args: argparse.Namespace) -> None:
     wall = {n: block_sums(n, "wall") for n in rounds}
     cpu = {n: block_sums(n, "cpu") for n in rounds}
     feed = {n: block_sums(n, "feed") for n in rounds}
+    feed_cpu = {n: block_sums(n, "feed_cpu") for n in rounds}
     per_round = {n: statistics.median(w) / every for n, w in wall.items()}
     summary = {
         "seconds_per_round": per_round,
         "ratio_paired": statistics.median(a / b for a, b in zip(wall["this"], wall["versus"])),
         "cpu_ratio_paired": statistics.median(a / b for a, b in zip(cpu["this"], cpu["versus"])),
         "feed_share": {n: statistics.median(f / w for f, w in zip(feed[n], wall[n])) for n in rounds},
+        "feed_cpu_share": {n: statistics.median(f / c for f, c in zip(feed_cpu[n], cpu[n])) for n in rounds},
     }
     print_row("result", f"HBN Table 1 BN round with its evaluation every {every}: this commit "
               f"{per_round['this']:.2f} s, {other[:7]} {per_round['versus']:.2f} s per round; paired ratio "
               f"{summary['ratio_paired']:.3f} (CPU {summary['cpu_ratio_paired']:.3f}); step feed (crop draws + batch "
-              f"gathering) {100 * summary['feed_share']['this']:.1f}% of the round here, "
-              f"{100 * summary['feed_share']['versus']:.1f}% at {other[:7]}")
+              f"gathering) {100 * summary['feed_share']['this']:.1f}% of the round's wall time here "
+              f"({100 * summary['feed_cpu_share']['this']:.1f}% of its CPU time), "
+              f"{100 * summary['feed_share']['versus']:.1f}% ({100 * summary['feed_cpu_share']['versus']:.1f}%) at {other[:7]}")
     out = args.out or "benchmarks/results/round_vs_commit_hbn_table1_bn.json"
     write_result(out, {
         "benchmark": "round_vs_commit", "config": config, "executor": workers["this"].info["executor"],
         "versus_executor": workers["versus"].info["executor"], "versus_commit": other, "blocks": args.blocks,
         "eval_every": every, "summary": summary,
-        "blocks_wall_s": wall, "blocks_cpu_s": cpu, "blocks_feed_s": feed, "raw": rounds,
+        "blocks_wall_s": wall, "blocks_cpu_s": cpu, "blocks_feed_s": feed, "blocks_feed_cpu_s": feed_cpu, "raw": rounds,
     })
 
 

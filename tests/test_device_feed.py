@@ -24,9 +24,10 @@ from fednorm.data.transforms import (
     pixel_value,
     random_crop_flip,
 )
-from fednorm.engine import executor, local, simulator, vectorized
+from fednorm.engine import executor, local, lockstep, simulator, vectorized
 from fednorm.engine import feed as feed_module
 from fednorm.engine.feed import crop_rows, draw_crop_flip_packed
+from fednorm.errors import DivergenceError
 from fednorm.nn.stacked import to_client_layout
 
 BASE = dict(dataset="digits", partition="dirichlet", alpha=0.5, num_clients=6, clients_per_round=4, batch_size=8, lr=0.05,
@@ -350,10 +351,61 @@ def test_no_stacked_step_reads_the_device(case, monkeypatch):
     _same(watched, free)
 
 
-def test_a_sequential_clients_steps_read_nothing_and_its_loss_is_the_per_step_sum(monkeypatch):
-    """Issue 49.3, one client at a time: no read from the first step to the end of a client's
-    training, and the round's training loss is what summing each step's loss on the host gave:
-    per client ``sum(float(loss_t) * B_t) / seen``, weighted by the clients' sizes."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_ragged_synchronised_step_reads_nothing_and_equals_the_layer_that_read_its_total(dtype, monkeypatch):
+    """FedTAN's synchronised step with unequal batches, clients in one process: each BatchNorm
+    layer's ``ΣB`` comes from the batch sizes the host knows (``set_row_mask(row_sizes=...)``), not
+    from a read of the row mask's sums, and the losses, gradients and running statistics are
+    those of the layer that read it, bit for bit."""
+    from fednorm.models import get_model
+    from fednorm.nn import comm as comm_module
+    from fednorm.nn.stacked import set_client_comm, stack_model
+
+    torch.manual_seed(0)
+    model = get_model("simple_cnn", num_classes=4, in_channels=3, input_size=8, norm="bn").to(dtype)
+    g = torch.Generator().manual_seed(1)
+    sizes = [5, 3, 8]
+    xs = [torch.randn(n, 3, 8, 8, generator=g, dtype=dtype) * (1 + i) for i, n in enumerate(sizes)]
+    ys = [torch.randint(0, 4, (n,), generator=g) for n in sizes]
+    real = comm_module.LocalClientComm.row_totals
+    told: list[bool] = []
+
+    def counted(self, rows, sizes=None):
+        told.append(sizes is not None)
+        return real(self, rows, sizes)
+
+    monkeypatch.setattr(comm_module.LocalClientComm, "row_totals", counted)
+    guard = _NoReads(monkeypatch)
+
+    def step(watch: bool) -> list[torch.Tensor]:
+        stacked = stack_model(model, len(xs), verify=False)
+        stacked.train()
+        set_client_comm(stacked, comm_module.LocalClientComm())
+        guard.active = watch
+        losses, total, _ = lockstep.synced_loss(stacked, stacked, xs, ys)
+        total.backward()
+        guard.active = False
+        return [losses.detach(), *(t.grad for t in stacked.parameters()), *stacked.buffers()]
+
+    got = step(watch=True)
+    assert told and all(told)  # every synchronised layer was told the sizes
+    real_mask = lockstep.set_row_mask
+
+    def without_sizes(net, mask, *, total_rows=None, row_sizes=None):  # the layer reads rows.sum()
+        return real_mask(net, mask, total_rows=total_rows)
+
+    monkeypatch.setattr(lockstep, "set_row_mask", without_sizes)
+    told.clear()
+    ref = step(watch=False)
+    assert told and not any(told)
+    assert len(got) == len(ref) and all(torch.equal(a, b) for a, b in zip(got, ref))
+
+
+def test_a_sequential_rounds_steps_read_nothing_and_its_loss_is_the_per_step_sum(monkeypatch):
+    """Issue 49.3, one client at a time: no read from the round's first step to the end of its
+    last client's training, one read of the losses per round, and the round's training loss is
+    what summing each step's loss on the host gave: per client ``sum(float(loss_t) * B_t) / seen``,
+    weighted by the clients' sizes."""
     steps: list[list[tuple[torch.Tensor, int]]] = []  # per client trained: (step loss, batch size)
     real_ce = torch.nn.functional.cross_entropy
 
@@ -368,16 +420,22 @@ def test_a_sequential_clients_steps_read_nothing_and_its_loss_is_the_per_step_su
             return loss
 
     guard = _NoReads(monkeypatch)
-    real_train = executor.train_local
+    real_train, real_read = executor.train_local, executor.read_losses
+    reads: list[int] = []
 
     def train(*args, **kwargs):
         steps.append([])
-        guard.active = True  # until _read_losses
+        guard.active = True  # until the round's read_losses
         return real_train(*args, **kwargs)
+
+    def read(results):
+        guard.active = False
+        reads.append(len(results))
+        return real_read(results)
 
     monkeypatch.setattr(local, "F", F())
     monkeypatch.setattr(executor, "train_local", train)
-    guard.around(monkeypatch, local, None, "_read_losses")
+    monkeypatch.setattr(executor, "read_losses", read)
     sizes: list[torch.Tensor] = []
     real_update = simulator.Simulation.server_update
 
@@ -389,6 +447,7 @@ def test_a_sequential_clients_steps_read_nothing_and_its_loss_is_the_per_step_su
     cfg = ExperimentConfig(**{**BASE, "executor": "sequential", "seed": 2})
     history = api.run(cfg, write=False, progress=False).simulation.history
     assert len(steps) == cfg.rounds * cfg.clients_per_round and len(history) == len(sizes) == cfg.rounds
+    assert reads == [cfg.clients_per_round] * cfg.rounds  # once per round, every client's losses
     per_client = []
     for client in steps:
         total = 0.0
@@ -400,6 +459,47 @@ def test_a_sequential_clients_steps_read_nothing_and_its_loss_is_the_per_step_su
         means = torch.tensor(per_client[r * k:(r + 1) * k], dtype=torch.float64)
         expected = float((means * w).sum() / w.sum())
         assert history[r]["train_loss"] == expected
+
+
+@pytest.mark.parametrize("crash_later", [False, True])
+def test_a_sequential_rounds_divergence_is_the_one_a_read_per_client_raised(crash_later, monkeypatch):
+    """The round's one read raises the DivergenceError (round, client, step, value) that reading
+    each client's losses after its training raised: the first diverged client's (the second
+    trained, its weights NaN), also when a later client raises a DivergenceError of its own
+    (``crash_later``: the third) before the round's read."""
+    from fednorm.methods import FedAvg, register_method
+
+    begun: list[int] = []
+
+    @register_method("_test_nan_second_client", force=True)
+    class NanSecond(FedAvg):
+        name = "_test_nan_second_client"
+
+        def client_begin(self, ctx):
+            begun.append(ctx.client_id)
+            if len(begun) == 2:
+                with torch.no_grad():
+                    for p in ctx.model.parameters():
+                        p.fill_(float("nan"))
+            if crash_later and len(begun) == 3:
+                raise DivergenceError("a later client's own divergence")
+
+    cfg = ExperimentConfig(**{**BASE, "executor": "sequential", "method": "_test_nan_second_client", "seed": 3})
+    with pytest.raises(DivergenceError) as deferred:
+        api.run(cfg, write=False, progress=False)
+    assert len(begun) == (3 if crash_later else cfg.clients_per_round)  # the round went on after the NaN client
+    real_train = executor.train_local
+
+    def per_client(*args, **kwargs):
+        return real_train(*args, **{**kwargs, "read": True})
+
+    monkeypatch.setattr(executor, "train_local", per_client)
+    begun.clear()
+    with pytest.raises(DivergenceError) as each:
+        api.run(cfg, write=False, progress=False)
+    assert len(begun) == 2  # reading per client stopped at the NaN client
+    assert "non-finite training loss (nan) at round 1" in str(each.value) and "step 1" in str(each.value)
+    assert str(deferred.value) == str(each.value)
 
 
 def test_a_rounds_bookkeeping_reads_do_not_grow_with_its_clients(monkeypatch):
