@@ -117,6 +117,7 @@ PARTITIONS = {  # every partition of `fednorm list`, each with the options it ne
     "gamma": {"gamma": 0.5},
     "quantity": {},
     "domains": {"dataset": "digits_domains"},  # needs ../shared/data (generated from MNIST, USPS, CIFAR-10)
+    "domain_labels": {"dataset": "digits_domains", "alpha": 0.3},  # 2 clients per domain, Dirichlet within each
 }
 VARIANTS = {
     "fbn": dict(method="fbn", norm="fbn"),
@@ -138,8 +139,9 @@ def test_every_partition_runs_with_fbn_fixbn_and_robust_fbn(partition, variant, 
                 drop_last=partition == "quantity", threads=1, checkpoint_every=0, eval_every=1, out=str(tmp_path))
     opts.update(PARTITIONS[partition])
     opts.update(VARIANTS[variant])
-    if partition == "domains":
-        opts.update(data_dir=str(request.getfixturevalue("shared_data")), num_clients=5, local_steps=3)  # equal domains
+    if partition in ("domains", "domain_labels"):
+        opts.update(data_dir=str(request.getfixturevalue("shared_data")), num_clients=5 if partition == "domains" else 10,
+                    local_steps=3)  # equal domains; domain_labels: unequal clients, 3 steps each
         if opts["method"] == "fbn":  # the initial pass over 37k images costs a minute; other rows cover it
             opts["method_args"] = {"initial_pass": False}
     sim = Simulation(ExperimentConfig(**opts))

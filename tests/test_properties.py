@@ -381,7 +381,7 @@ def valid_call(draw, name: str) -> tuple[np.ndarray, Any, int, int, dict[str, An
 
 
 @FAST
-@pytest.mark.parametrize("name", list_partitions(exclude="domains"))  # domains needs sample sources: domains_test.py
+@pytest.mark.parametrize("name", list_partitions(exclude=["domains", "domain_labels"]))  # these need sample sources: domains_test.py
 @given(data=st.data())
 def test_valid_partitions_never_crash_and_give_each_sample_at_most_once(name: str, data) -> None:
     labels, passed, num_clients, seed, params = data.draw(valid_call(name))

@@ -181,8 +181,22 @@ def _fake_abide(root: Path) -> None:
     write_fake_abide(root, {"nyu": 10, "usm": 6, "um": 8, "ucla": 7}, windows=5, features=5995)
 
 
+def _fake_pacs(root: Path) -> None:
+    """docs/data.md's PACS layout: PACS/kfold/<domain>/<class>/*.jpg, 4 domains x 7 classes x 5 small images."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(14)
+    for domain in ("photo", "art_painting", "cartoon", "sketch"):
+        for cls in ("dog", "elephant", "giraffe", "guitar", "horse", "house", "person"):
+            folder = root / "PACS" / "kfold" / domain / cls
+            folder.mkdir(parents=True)
+            for i in range(5):
+                Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(folder / f"{i}.jpg")
+
+
 FAKE_TREES = {"cifar100": _fake_cifar100, "digits5": _fake_digits5, "tiny_imagenet": _fake_tiny_imagenet,
-              "abide": _fake_abide}
+              "abide": _fake_abide, "pacs": _fake_pacs}
 
 
 def _configs_for_data_not_here() -> list[str]:

@@ -1,4 +1,4 @@
-"""Issue 48: the table configs for data that is not here (CIFAR-100, Tiny-ImageNet, ABIDE I) train every
+"""Issue 48: the table configs for data that is not here (CIFAR-100, Tiny-ImageNet, ABIDE I, PACS) train every
 row and every column of their reduced scale for one round on a small fake tree in the layout docs/data.md
 documents, so a config that names a wrong field, model option or file layout fails here, not on the
 machine that has the data. tests/test_reproduce_coverage.py trains two cells of every such config; this
@@ -18,7 +18,7 @@ from fednorm.reproduce.suite import configs_root, load_table
 from test_reproduce_coverage import FAKE_TREES, _diagonal
 
 CONFIGS = ["hbn/table2", "hbn/table9", "hbn/fig1", "hbn/fig6", "ln/table11", "hbn/table1_tiny", "hbn/table10",
-           "fedbn/table1_abide"]
+           "fedbn/table1_abide", "ln/table5"]
 
 
 @pytest.fixture(autouse=True)

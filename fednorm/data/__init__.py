@@ -19,7 +19,7 @@ from .domains_dataset import DomainsDataset
 from .gaussians import TwoGaussians
 from .tiny_imagenet import TinyImageNet
 from .abide import ABIDE
-from .presets import Digits5, DomainNet, ImageFolder, OfficeCaltech10
+from .presets import PACS, Digits5, DomainNet, ImageFolder, OfficeCaltech10
 from .hf import HFImageDataset  # registers --dataset hf:<path> (datasets is imported only when used)
 from .download import check_integrity, download_url, extract_archive
 from .federated import FederatedData, build_federated_data
@@ -41,6 +41,7 @@ __all__ = [
     "ImageFolder",
     "MultiDomainDataset",
     "OfficeCaltech10",
+    "PACS",
     "TwoGaussians",
     "TinyImageNet",
     "ABIDE",

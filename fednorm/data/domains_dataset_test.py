@@ -269,6 +269,21 @@ def test_office_caltech10_runs_with_two_of_its_domains_at_a_chosen_size(tmp_path
         load_dataset("office_caltech10", tmp_path, domains=["webcam"])
 
 
+def test_pacs_reads_the_release_kfold_folders_in_its_domain_and_class_order(tmp_path):
+    """The LN paper's PACS (Table 5): kfold/<domain>/<class>/, 224 x 224 by default, classes by name."""
+    base = tmp_path / "PACS" / "kfold"
+    write_folder(base / "sketch", classes=("person", "dog"), per_class=5, size=(12, 12))
+    write_folder(base / "photo", classes=("dog", "house"), per_class=5, size=(12, 12), shift=20)
+    train = load_dataset("pacs", tmp_path, cache=False)
+    assert train.domain_names == ["photo", "sketch"]  # the benchmark's order, not the folders'
+    assert train.classes == ["dog", "elephant", "giraffe", "guitar", "horse", "house", "person"]
+    assert train.data.shape[1:] == (224, 224, 3) and train.info.num_classes == 7
+    assert set(train.targets[train.domains == 0].tolist()) == {0, 5} and set(train.targets[train.domains == 1].tolist()) == {0, 6}
+    # write_folder paints class folder k at brightness 60 k (+ shift): labels follow the folder names, not their order
+    dark = train.data.reshape(len(train.data), -1).mean(axis=1)
+    assert dark[(train.domains == 1) & (train.targets == 6)].mean() < dark[(train.domains == 1) & (train.targets == 0)].mean()
+
+
 def test_a_source_that_is_not_in_the_benchmark_points_to_the_domains_dataset(tmp_path):
     _digits5_npz(tmp_path, ("mnist", "usps"))
     with pytest.raises(PartitionError, match=r"Unknown value 'mine' in sources.*'domains' dataset.*digits5:mnist"):

@@ -23,7 +23,7 @@ from torch.utils.data import Dataset, IterableDataset
 from ..config_roles import SPLIT_FIELDS
 from ..errors import PartitionError
 from .datasets import DatasetInfo, dataset_to_tensors, load_dataset
-from .partition import client_domains, label_histogram, partition, split_by_domain, split_like
+from .partition import client_domains, label_histogram, partition, split_by_domain, split_like, split_like_by_domain
 
 __all__ = ["FederatedData", "build_federated_data", "cached_federated_data", "crop_fill_values", "federated_data_from_config",
            "input_norm_values", "repartition"]
@@ -393,7 +393,9 @@ def build_federated_data(
     # under a label partition keeps label-matched test splits
     shifted = domains is not None and (partition_name == "domains" or len(np.unique(domains)) > 1)
     owners = client_domains(domains, parts) if shifted else None
-    if owners is not None:
+    if owners is not None and partition_name == "domain_labels":  # label shift within each domain: matched tests
+        test_parts = split_like_by_domain(test.targets, test.domains, owners, hist, seed=seed)
+    elif owners is not None:
         test_parts = split_by_domain(test.domains, owners, seed=seed)
     elif shifted and partition_name == "domains":  # one client pooling sources: tested on their test sets
         held = np.unique(np.asarray(domains)[np.concatenate(parts)])

@@ -44,6 +44,7 @@ from .partition_base import (
     register_partition,
 )
 from .partition_domain import client_domains, domains, split_by_domain
+from .partition_domain_label import domain_labels
 from .partition_label import classes, dirichlet, dirichlet_client, gamma, iid, quantity
 
 __all__ = [
@@ -60,10 +61,12 @@ __all__ = [
     "gamma",
     "quantity",
     "domains",
+    "domain_labels",
     "client_domains",
     "split_by_domain",
     "label_histogram",
     "split_like",
+    "split_like_by_domain",
     "describe",
 ]
 
@@ -288,6 +291,33 @@ def split_like(test_labels: Any, train_hist: Any, *, seed: int) -> list[np.ndarr
             if piece.size:
                 chunks[client].append(piece)
     return _finish([np.concatenate(c) if c else np.empty(0, np.int64) for c in chunks])
+
+
+def split_like_by_domain(test_labels: Any, test_domains: Any, client_domain: Sequence[int], train_hist: Any, *,
+                         seed: int) -> list[np.ndarray]:
+    """:func:`split_like` within each domain: a client's test split comes from its own domain's test
+    samples, with its training label mix (the LN/FN paper's PACS clients, ``domain_labels``).
+
+    For every domain held by some client, that domain's test samples are cut among its clients
+    by :func:`split_like` with their rows of ``train_hist``; test samples of domains no client
+    holds are left out. The arrays are disjoint and sorted.
+    """
+    labels = _check_labels(test_labels, "test_labels")
+    doms = _check_labels(test_domains, "test_domains")
+    hist = _check_hist(train_hist, "train_hist")
+    if len(doms) != len(labels) or len(client_domain) != len(hist):
+        raise PartitionError(f"test_domains has {len(doms)} entries for {len(labels)} test labels; client_domain "
+                             f"{len(client_domain)} for {len(hist)} clients")
+    rng = np.random.default_rng(_check_seed(seed))
+    owner = np.asarray(client_domain, dtype=np.int64)
+    parts = [np.empty(0, np.int64) for _ in client_domain]
+    for d in np.unique(owner):
+        clients = np.flatnonzero(owner == d)
+        idx = np.flatnonzero(doms == d)
+        pieces = split_like(labels[idx], hist[clients], seed=int(rng.integers(0, 2**31 - 1)))
+        for c, piece in zip(clients, pieces):
+            parts[c] = idx[piece]
+    return _finish(parts)
 
 
 def describe(hist: Any, *, max_clients: int | None = 50, max_classes: int | None = 20) -> str:

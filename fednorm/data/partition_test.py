@@ -40,9 +40,9 @@ def _balanced(num_classes: int = 10, per_class: int = 100, seed: int = 0) -> np.
     return np.random.default_rng(seed).permutation(np.repeat(np.arange(num_classes), per_class))
 
 
-# Partitions of labels alone; 'domains' (feature shift) needs each sample's source and is
-# tested in domains_test.py.
-LABEL_PARTITIONS = list_partitions(exclude="domains")
+# Partitions of labels alone; 'domains' and 'domain_labels' (feature shift) need each sample's source and are
+# tested in domains_test.py and partition_domain_label_test.py.
+LABEL_PARTITIONS = list_partitions(exclude=["domains", "domain_labels"])
 
 
 def _quiet(fn, *args, **kwargs):

@@ -21,7 +21,7 @@ from .digits5 import DIGITS5_ADVICE, DIGITS5_DOMAINS, DIGITS5_FOLDERS, digits5_l
 from .domains_dataset import DomainsDataset
 from .readers import IMAGE_SUFFIXES, DomainArrays, decode_images, natural_key, stratified_split
 
-__all__ = ["Digits5", "ImageFolderDomains", "ImageFolder", "OfficeCaltech10", "DomainNet"]
+__all__ = ["Digits5", "ImageFolderDomains", "ImageFolder", "OfficeCaltech10", "DomainNet", "PACS"]
 
 _HALF = (0.5, 0.5, 0.5)
 
@@ -274,3 +274,19 @@ class DomainNet(ImageFolderDomains):
     classes = fixed_classes
     preset_domains = fixed_domains
     info = DatasetInfo(name="domainnet", num_classes=10, in_channels=3, image_size=(256, 256), mean=_HALF, std=_HALF)
+
+
+@register_dataset("pacs")
+class PACS(ImageFolderDomains):
+    """PACS (Li et al., 2017): photo, art_painting, cartoon, sketch; 7 classes; the LN/FN paper's
+    label-and-domain-shift benchmark (Zhang et al., 2024, Table 5). The release's 227×227 images
+    (``kfold/<domain>/<class>/*``) are resized to 224×224 by default, the size the LN code trains
+    at (``RandomResizedCrop(224)``)."""
+
+    base_folders = ("PACS/kfold", "pacs/kfold", "kfold", "PACS", "pacs", "pacs_data")
+    default_image_size = 224
+    fixed_domains = ["photo", "art_painting", "cartoon", "sketch"]
+    fixed_classes = ["dog", "elephant", "giraffe", "guitar", "horse", "house", "person"]
+    classes = fixed_classes
+    preset_domains = fixed_domains
+    info = DatasetInfo(name="pacs", num_classes=7, in_channels=3, image_size=(224, 224), mean=_HALF, std=_HALF)
