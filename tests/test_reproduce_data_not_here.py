@@ -18,7 +18,7 @@ from fednorm.reproduce.suite import configs_root, load_table
 from test_reproduce_coverage import FAKE_TREES, _diagonal
 
 CONFIGS = ["hbn/table2", "hbn/table9", "hbn/fig1", "hbn/fig6", "ln/table11", "hbn/table1_tiny", "hbn/table10",
-           "fedbn/table1_abide", "ln/table5"]
+           "fedbn/table1_abide", "ln/table5", "fedbn/table15"]
 
 
 @pytest.fixture(autouse=True)
