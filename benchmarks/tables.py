@@ -101,6 +101,26 @@ def round_vs_centralized_table(results: list[Result]) -> str:
     return _table(head, "|---|---:|---:|---:|---:|---:|---:|---:|", rows)
 
 
+def round_vs_commit_table(results: list[tuple[str, Result]]) -> str:
+    """benchmarks/round_vs_centralized.py --versus: HBN Table 1's BN round at two commits, paired."""
+    head = ["what ran", "commit", "versus", "s per round", "s per round, versus", "**commit / versus, wall (paired)**",
+            "CPU s, paired", "step feed: share of wall (of CPU)", "the same, versus", "blocks × rounds",
+            "machine load (1 min)"]
+    rows = []
+    for label, r in results:
+        s, every = r["summary"], r["eval_every"]
+
+        def share(side: str) -> str:
+            cpu = s.get("feed_cpu_share", {}).get(side)
+            return f"{100 * s['feed_share'][side]:.1f}%" + (f" ({100 * cpu:.1f}%)" if cpu is not None else "")
+
+        rows.append([label, f"`{r['commit'][:7]}`", f"`{r['versus_commit'][:7]}`",
+                     f"{s['seconds_per_round']['this']:.2f}", f"{s['seconds_per_round']['versus']:.2f}",
+                     f"**{s['ratio_paired']:.3f}**", f"{s['cpu_ratio_paired']:.3f}", share("this"), share("versus"),
+                     f"{r['blocks']} × {every}", f"{r['machine']['load_1min']:.1f} on {r['machine']['cpu_count']} cores"])
+    return _table(head, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|", rows)
+
+
 def methods_table(result: Result) -> str:
     """benchmarks/methods.py: one round of each method; the CPU column where the file has CPU times."""
     cpu = all("round_cpu_median_s" in r for r in result["rows"])
@@ -188,10 +208,17 @@ TABLES: dict[str, Callable[[Path], str]] = {
         ("one draw call per client, no reads in the round (plain command)", load("host_overhead_one_call.json", d)),
         ("the same, `--steady-malloc`", load("host_overhead_steady.json", d)),
         ("the same, `--steady-malloc --no-channels-last` (NCHW input)", load("host_overhead_nchw.json", d)),
+        ("before the line gather, run right after rows seven and eight, `--steady-malloc`", load("host_overhead_prev.json", d)),
+        ("crops gathered as whole lines, `--steady-malloc`", load("host_overhead_lines.json", d)),
+        ("the same, `--steady-malloc --no-channels-last` (NCHW input)", load("host_overhead_lines_nchw.json", d)),
     ]),
     "fedtan_split_b128": lambda d: fedtan_split_table(load("fedtan_split_b128.json", d)),
     "round_vs_centralized": lambda d: round_vs_centralized_table(
         [load(f"round_vs_centralized_{ex}_b{b}.json", d) for ex in ("sequential", "vectorized") for b in (16, 4)]),
+    "round_vs_commit": lambda d: round_vs_commit_table([
+        ("HBN Table 1 BN round, evaluation every 10th, one thread", load("round_vs_commit_hbn_table1_bn.json", d)),
+        ("the same, an earlier run (heavier load)", load("round_vs_commit_hbn_table1_bn_7237188.json", d)),
+    ]),
     "methods_digits_b4": lambda d: methods_table(load("methods_digits_b4.json", d)),
     "methods_digits_b16": lambda d: methods_table(load("methods_digits_b16.json", d)),
     "methods_cifar_b4": lambda d: methods_table(load("methods_cifar_b4.json", d)),
