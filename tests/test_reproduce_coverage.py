@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _fake_image_folders import fake_domainnet, fake_office_caltech10
 from fednorm.reproduce import load_paper, plan, run_all, run_state
 from fednorm.reproduce import runner
 from fednorm.reproduce.coverage import BEGIN, END, Experiment, coverage_markdown, load_inventory, records, update_section
@@ -196,7 +197,8 @@ def _fake_pacs(root: Path) -> None:
 
 
 FAKE_TREES = {"cifar100": _fake_cifar100, "digits5": _fake_digits5, "tiny_imagenet": _fake_tiny_imagenet,
-              "abide": _fake_abide, "pacs": _fake_pacs}
+              "abide": _fake_abide, "pacs": _fake_pacs,
+              "office_caltech10": fake_office_caltech10, "domainnet": fake_domainnet}  # tests/_fake_image_folders.py
 
 
 def _configs_for_data_not_here() -> list[str]:
