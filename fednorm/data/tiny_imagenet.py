@@ -90,7 +90,7 @@ class TinyImageNet(ImageDataset):
         image_size=(64, 64),
         mean=(0.4802, 0.4481, 0.3975),
         std=(0.2770, 0.2691, 0.2821),
-        augment=False,  # HBN's code trains on Tiny-ImageNet without augmentation (spec/000_hbn.md §2.1)
+        augment=False,  # HBN's released code trains Tiny-ImageNet without augmentation (Normalize(0.5, 0.5) only)
     )
 
     @property
