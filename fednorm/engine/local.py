@@ -21,7 +21,7 @@ from torch import nn
 from ..errors import DivergenceError
 from ..nn.nf import adaptive_grad_clip_
 
-__all__ = ["LocalSpec", "LocalResult", "batch_plan", "small_clients_message", "train_local"]
+__all__ = ["LocalSpec", "LocalResult", "batch_plan", "read_losses", "small_clients_message", "train_local"]
 
 
 @dataclass(frozen=True)
