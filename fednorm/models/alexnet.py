@@ -1,8 +1,8 @@
 """FedBN's AlexNet with a norm after every layer but the last (Li et al., 2021, App. D, Table 9).
 
 FedBN's Office-Caltech10 and DomainNet model, also FedTAN's for its Figs. 8 and 13 ("AlexNet [15]",
-following FedBN; spec/001_fedtan.md §4.2). Layer for layer the authors' released
-``nets/models.py AlexNet`` (spec/004_fedbn.md §2.2; the paper's table repeats a conv row by typo):
+following FedBN: Wang et al., FedTAN, Figs. 8 and 13). Layer for layer the authors' released
+``nets/models.py AlexNet`` (FedBN App. D, Table 9 repeats a conv row by typo):
 
 ```
 conv1 Conv2d(3, 64, k11, s4, p2)  → Norm(64)  → ReLU → MaxPool(3, 2)

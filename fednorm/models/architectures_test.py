@@ -68,7 +68,7 @@ def mobilenet_v2_count(num_classes: int) -> int:
 
 
 def alexnet_bn_count(num_classes: int) -> int:
-    """spec/004_fedbn.md §2.2's layer list: 5 convs (with bias) and 2 FC layers, each with BN, then the head."""
+    """FedBN App. D Table 9's layer list (as the authors' code has it): 5 convs (with bias) and 2 FC layers, each with BN, then the head."""
     convs = [(3, 64, 11), (64, 192, 5), (192, 384, 3), (384, 256, 3), (256, 256, 3)]
     total = sum(_conv(a, b, k, bias=True) + 2 * b for a, b, k in convs)
     return total + _linear(9216, 4096) + 2 * 4096 + _linear(4096, 4096) + 2 * 4096 + _linear(4096, num_classes)

@@ -3,7 +3,7 @@
 HBN's Table 5 builds torchvision's ``resnet18``/``resnet50``/``vgg11_bn``/``vgg19_bn``/
 ``mobilenet_v2`` with ``pretrained=True`` and then replaces every ``BatchNorm2d`` by a *fresh*
 BN, GN or HBN layer (its ``replace_bn_with_*`` builds new layers), so only the convolutions and
-linear layers keep ImageNet's weights (spec/000_hbn.md §2.2 and the authors' ``Nets.py``).
+linear layers keep ImageNet's weights (HBN, Chen et al., 2025, Table 5, and the authors' ``Nets.py``).
 fednorm's builders for those architectures take ``pretrained=PATH``: the path of a torchvision
 state dict saved on disk (this machine has no network; the files are torchvision's, listed in
 :data:`TORCHVISION_WEIGHTS`), and :func:`load_torchvision_weights` maps its keys onto the fednorm
