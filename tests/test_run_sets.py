@@ -53,8 +53,11 @@ def _assert_same_dirs(a: Path, b: Path, seeds) -> None:
             assert torch.equal(value, cb["global_state"][key]), (s, key)
         sa, sb = (json.loads((d / "summary.json").read_text()) for d in (da, db))
         assert sa["status"] == sb["status"] == "completed"
-        assert {k: v for k, v in sa.items() if "seconds" not in k and k not in TIMING} == \
-               {k: v for k, v in sb.items() if "seconds" not in k and k not in TIMING}
+        assert {k: v for k, v in sa.items() if "seconds" not in k and k not in (*TIMING, "code")} == \
+               {k: v for k, v in sb.items() if "seconds" not in k and k not in (*TIMING, "code")}
+        # the code record says what ran: one start, or a start and a resume, of the same code
+        assert {e["commit"] for e in sa["code"]} == {e["commit"] for e in sb["code"]}
+        assert sa["code"][0]["from_round"] == sb["code"][0]["from_round"] == 0
 
 
 def _fednorm(*args: str) -> subprocess.Popen:
