@@ -309,6 +309,13 @@ class ExperimentConfig(BaseModel):
         "(auto: vectorized when the model and method support it)",
     )
     max_parallel_clients: int = Field(64, ge=1, description="most clients trained together by the vectorized executor")
+    stack_memory_gib: float | None = Field(
+        None, gt=0,
+        description="memory budget in GiB of the vectorized executor's stacked model: at most budget / (4 × the model's "
+        "bytes) clients train together (parameters, gradients, momentum, a copy); a lockstep method (FedTAN) needs a "
+        "round's clients to fit (default: 2 GiB on a CPU, on CUDA half the device's free memory when the run starts; "
+        "fednorm/engine/stack_memory.py)",
+    )
     device: str = Field("cpu", description="torch device")
     channels_last: bool = Field(
         True, description="feed convolutional models channels-last batches (faster pooling and convolution on CPU)"

@@ -60,7 +60,7 @@ FIELD_ROLES: dict[str, str] = {
     "checkpoint_every": "output", "min_clients": "training", "client_failure_rate": "training",
     "client_nan_rate": "training", "straggler_rate": "training", "client_deadline": "training",
     "seed": "seed", "out": "output", "log": "output", "log_args": "output", "executor": "execution",
-    "max_parallel_clients": "execution", "device": "device", "channels_last": "execution", "train_compile": "execution", "dtype": "dtype",
+    "max_parallel_clients": "execution", "stack_memory_gib": "execution", "device": "device", "channels_last": "execution", "train_compile": "execution", "dtype": "dtype",
     "threads": "runtime",
 }
 

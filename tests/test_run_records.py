@@ -120,7 +120,8 @@ def test_the_derived_lists_keep_what_the_hand_lists_held():
                         "partition_args", "num_clients", "seed", "augment", "input_norm"},
         "NOT_RESULT_FIELDS": {"seed", "out", "threads", "device", "log", "log_args", "checkpoint_every", "data_dir", "download",
                               "eval_batch_size", "max_parallel_clients", "executor", "channels_last",
-                              "train_compile"},  # added since: an execution field like channels_last (issue 49)
+                              "train_compile",  # added since: an execution field like channels_last (issue 49)
+                              "stack_memory_gib"},  # and the stacked model's memory budget (issue 48)
         "SPLIT_FIELDS": {"partition", "alpha", "classes_per_client", "gamma", "min_size", "partition_args", "num_clients", "seed"},
         "PARTITION_FIELDS": {"alpha", "classes_per_client", "gamma", "min_size"},
         "RECORDED_FIELDS": {"lr_restarts"},
