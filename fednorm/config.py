@@ -254,6 +254,13 @@ class ExperimentConfig(BaseModel):
         "its own test split, pooled; 'whole', each client's model on the whole test set, averaged over the clients "
         "(FedTAN's Table 1). mean_client_accuracy is the own splits' mean either way; no effect on a method with one global model",
     )
+    validation_fraction: float = Field(
+        0.0, ge=0, lt=1,
+        description="hold out this share of each client's training samples (seeded per client; they never train) and "
+        "score them at every evaluation: metrics.jsonl's val_accuracy (the clients' unweighted mean) and "
+        "client_val_accuracies, summary.json's best_val_round and the test accuracies there (FedBN's Office/DomainNet "
+        "model selection; docs/fedbn.md); 0: no validation split",
+    )
     eval_autocast: Literal["none", "bfloat16"] = Field(
         "none", description="evaluate under torch.autocast in bfloat16 (for GPUs and CPUs with bf16 units; slower on others)"
     )

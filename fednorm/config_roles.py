@@ -19,7 +19,8 @@ __all__ = ["ROLES", "FIELD_ROLES", "USER_PREFIX", "fields_with_role", "DATA_FIEL
 
 #: What each role means. Grouped as the issue that introduced them asked: data (data,
 #: preprocessing, partition, data_source), model, training (local_training, training, dtype, seed, schedule),
-#: evaluation only (evaluation), runtime only (output, runtime, device, execution), and record.
+#: evaluation only (evaluation), runtime only (output, runtime, device, execution), and record; holdout
+#: (the validation split held out of the clients' training data) came later and is in no list below.
 ROLES: dict[str, str] = {
     "data": "which samples: the dataset and its options",
     "preprocessing": "how the samples are prepared: input standardisation and augmentation",
@@ -37,6 +38,8 @@ ROLES: dict[str, str] = {
     "device": "the torch device",
     "execution": "how a round's clients are batched and laid out: changes floating-point rounding, not results",
     "record": "written by the run about itself (a diverged run's lr restarts), not set as an option",
+    "holdout": "which of each client's samples are held out of training to select a model by validation accuracy: "
+               "changes what trains, applied to the built data (not part of its recipe)",
 }
 
 #: Each config field's role (a key of :data:`ROLES`), in the config's order.
@@ -55,7 +58,7 @@ FIELD_ROLES: dict[str, str] = {
     "aggregator": "training", "nnm": "training", "robust_targets": "training", "attack": "training",
     "num_byzantine": "training", "attack_args": "training", "attack_targets": "training",
     "eval_every": "schedule", "eval_last_rounds": "schedule", "eval_batch_size": "runtime",
-    "eval_compile": "evaluation", "personalized_test": "evaluation", "eval_autocast": "evaluation", "diagnostics": "evaluation",
+    "eval_compile": "evaluation", "personalized_test": "evaluation", "validation_fraction": "holdout", "eval_autocast": "evaluation", "diagnostics": "evaluation",
     "dp_noise": "training", "dp_clip": "training", "dp_stats_bound": "training", "dp_delta": "training",
     "checkpoint_every": "output", "min_clients": "training", "client_failure_rate": "training",
     "client_nan_rate": "training", "straggler_rate": "training", "client_deadline": "training",

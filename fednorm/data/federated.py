@@ -48,6 +48,9 @@ class FederatedData:
             (``dataset: user:NAME``; default: ``info.name``).
         recipe: the config fields it was built from (``federated_data_from_config``), so a
             run can tell its config's data from data of the user's own.
+        client_val: one index tensor into ``train_*`` per client, held out of its training
+            samples to select a model by validation accuracy (``validation_fraction``;
+            :func:`~fednorm.data.validation.hold_out_validation`), else ``None``.
     """
 
     info: DatasetInfo
@@ -63,6 +66,7 @@ class FederatedData:
     test_domain: torch.Tensor | None = None
     name: str | None = None
     recipe: dict | None = None
+    client_val: list[torch.Tensor] | None = None
 
     @property
     def num_clients(self) -> int:
@@ -293,6 +297,8 @@ class FederatedData:
             client_train=[ix.to(device) for ix in self.client_train],
             client_test=[ix.to(device) for ix in self.client_test],
         )
+        if self.client_val is not None:
+            moved["client_val"] = [ix.to(device) for ix in self.client_val]
         same = all(v is getattr(self, k) if isinstance(v, torch.Tensor) else all(a is b for a, b in zip(v, getattr(self, k)))
                    for k, v in moved.items())
         return self if same else dataclasses.replace(self, **moved)
