@@ -103,10 +103,11 @@ class Registry(Generic[T]):
             valid = self.list()
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
-            raise UnknownNameError(
-                f"Unknown {self.kind} '{name}'.{hint} Valid {self.kind}s are: {', '.join(valid)}"
-                " (your own: fednorm --plugin MODULE)"
-            ) from None
+            listed = ", ".join(valid)
+            # one line: a long registry is named by `fednorm list` rather than spelled out
+            names = (f"Valid {self.kind}s are: {listed}" if len(listed) <= 160
+                     else f"There are {len(valid)} {self.kind}s: `fednorm list` names them")
+            raise UnknownNameError(f"Unknown {self.kind} '{name}'.{hint} {names} (your own: fednorm --plugin MODULE)") from None
 
     def build(self, name: str, **config: Any) -> Any:
         """Call the builder with ``config``, dropping ``None`` values so builder defaults survive."""

@@ -517,9 +517,9 @@ def test_cli_errors_are_clear(tiny_configs: Path, tmp_path: Path, capsys) -> Non
     assert main(["reproduce", "nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown paper 'nope'" in err and "hbn, fedtan, fbn, ln, fedbn" in err and "Traceback" not in err
-    assert main(["reproduce", "hbn", "--table", "table9"]) == 2
+    assert main(["reproduce", "hbn", "--table", "table99"]) == 2
     err = capsys.readouterr().err
-    assert "unknown table 'table9'" in err and "table1" in err
+    assert "unknown table 'table99'" in err and "table1" in err
     assert main(["reproduce", "hbn", "--table", "table1", "--rows", "bn,zz"]) == 2
     assert "unknown row 'zz'" in capsys.readouterr().err
     empty = tmp_path / "empty"
