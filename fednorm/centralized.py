@@ -58,8 +58,10 @@ def centralized_overrides(config: ExperimentConfig, *, batch: str = "union", tra
     else:
         if train_size is None:
             from .data.federated import federated_data_from_config
+            from .data.validation import hold_out_validation
 
-            data = federated_data_from_config(config)
+            # the samples that train: a validation split (validation_fraction) is held out of them
+            data = hold_out_validation(federated_data_from_config(config), config.validation_fraction, config.seed)
             train_size = int(sum(len(ix) for ix in data.client_train))
         per_round = config.local_epochs * train_size * k / config.num_clients
         steps = max(1, round(per_round / bc))

@@ -1,6 +1,6 @@
 """A validation split held out of each client's training data, for best-validation model selection.
 
-FedBN's released code (spec/004_fedbn.md §2.2) reports Office-Caltech10 and DomainNet at the round
+FedBN's released code (Li et al., ICLR 2021; ``federated/fed_office.py``, ``fed_domainnet.py``) reports Office-Caltech10 and DomainNet at the round
 of the best mean validation accuracy: each client's validation set is part of its domain's training
 split, disjoint from the samples it trains on, and scored every round by the client's own model
 (FedBN) or the server model (FedAvg). :func:`hold_out_validation` carves that part out of each

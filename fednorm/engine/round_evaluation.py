@@ -19,6 +19,7 @@ import torch
 from .evaluation import evaluate
 from .last_rounds import last10_fields
 from .personalized_eval import whole_test_scores
+from .validation import selection_fields, validation_record
 
 __all__ = ["evaluate_simulation", "evaluate_global_model", "domain_record", "test_domain_accuracies", "simulation_summary", "CLIENT_WEIGHTING"]
 
@@ -40,7 +41,10 @@ def evaluate_simulation(sim: Any, state: dict[str, torch.Tensor] | None = None) 
     With ``personalized_test: whole`` a personalized method's ``test_accuracy`` and ``test_loss``
     are instead each client's model on the whole test set, averaged over the clients (FedTAN's
     Table 1; :mod:`~fednorm.engine.personalized_eval`), and ``client_accuracies_whole_test`` holds
-    the per-client scores; ``client_accuracies`` and ``mean_client_accuracy`` stay the own splits'."""
+    the per-client scores; ``client_accuracies`` and ``mean_client_accuracy`` stay the own splits'.
+
+    With a validation split (``validation_fraction``) the same models also score it:
+    ``val_accuracy``, ``val_loss`` and ``client_val_accuracies`` (:mod:`~fednorm.engine.validation`)."""
     data = sim.data
     start = time.perf_counter()
     if state is None:
@@ -68,6 +72,7 @@ def evaluate_simulation(sim: Any, state: dict[str, torch.Tensor] | None = None) 
         test_acc, test_loss, client_acc = sim.evaluate_global(state)
     valid = [a for a in client_acc if a is not None]
     share = {} if sim.method.personalized else {"top_class_share": getattr(sim, "top_class_share", None)}
+    validation = validation_record(sim, state)  # empty without validation_fraction (fednorm.engine.validation)
     elapsed = time.perf_counter() - start
     sim.wall_seconds += elapsed
     sim.eval_seconds += elapsed
@@ -79,6 +84,7 @@ def evaluate_simulation(sim: Any, state: dict[str, torch.Tensor] | None = None) 
         **share,
         **({"client_accuracies_whole_test": whole["client_accuracies_whole_test"]} if whole else {}),
         **domain_record(sim.data, client_acc, None if sim.method.personalized else getattr(sim, "test_domain_accuracies", None)),
+        **validation,
     }
 
 
@@ -153,6 +159,8 @@ def simulation_summary(sim: Any) -> dict[str, Any]:
         "best_round": sim.history[best_i]["round"] if best_i is not None else None,
         # the mean over rounds R-9..R, None unless each was evaluated, and the rounds it covers (issue 50)
         **last10_fields(sim.history, sim.server_round),
+        # validation_fraction > 0: the round of the best mean validation accuracy and the test figures there
+        **selection_fields(sim.history, bool(sim.method.personalized)),
         "final_mean_client_accuracy": last.get("mean_client_accuracy"),
         "client_weighting": CLIENT_WEIGHTING,
         "final_client_accuracies": last.get("client_accuracies"),

@@ -19,6 +19,7 @@ from torch import nn
 from ..config import ExperimentConfig
 from ..data.federated import FederatedData, crop_fill_values, federated_data_from_config
 from ..data.transforms import CropFlip
+from ..data.validation import hold_out_validation
 from ..diagnostics import Diagnostics
 from ..errors import ConfigError, DivergenceError, RoundFailedError
 from ..methods import Method
@@ -34,6 +35,7 @@ from .bank import ClientStateBank
 from .cost import prefers_sequential
 from .evaluation import evaluate
 from .round_evaluation import evaluate_global_model, evaluate_simulation, simulation_summary
+from .validation import EVALUATION_QUERIES, VALIDATION_QUERY
 from .executor import SequentialExecutor
 from .vectorized import VectorizedExecutor
 from .local import LocalSpec
@@ -171,7 +173,9 @@ class Simulation:
             data = federated_data_from_config(config)
         elif data.num_clients != config.num_clients:
             raise ConfigError(f"num_clients={config.num_clients} but the data has {data.num_clients} clients")
-        self.data = data.to(self.device, self.dtype)
+        # validation_fraction: each client's validation split leaves its training samples here, so every
+        # executor, method query and runtime (a Flower node builds its Simulation too) trains without it
+        self.data = hold_out_validation(data.to(self.device, self.dtype), config.validation_fraction, config.seed)
         if self.data.client_sizes().sum() == 0:
             raise ConfigError("every client is empty; check the partition settings")
 
@@ -401,11 +405,12 @@ class Simulation:
         self, client_ids: list[int], query: str, state: dict[str, torch.Tensor] | None = None
     ) -> dict[int, dict[str, torch.Tensor]]:
         """Run the named client-side computation on each client's model (the global ``state``
-        plus the client's own tensors): ``"evaluate"`` (its test split) or a method query such
+        plus the client's own tensors): ``"evaluate"`` (its test split), ``"validate"`` (its
+        validation split, ``validation_fraction``) or a method query such
         as HBN's ``"statistics"`` (see :meth:`Method.client_query`). Here, in this process:
         in stacked chunks where the executor and the method can (:meth:`Method.stacked_client_query`)."""
         stacked = getattr(self.executor, "query_clients", None)
-        if query != "evaluate" and stacked is not None and client_ids:
+        if query not in EVALUATION_QUERIES and stacked is not None and client_ids:
             answers = stacked(self.server_round, client_ids, query, self.global_state if state is None else state)
             if answers is not None:
                 return self._private_answers(query, answers)
@@ -413,7 +418,7 @@ class Simulation:
 
     def _private_answers(self, query: str, answers: dict[int, dict[str, torch.Tensor]]) -> dict[int, dict[str, torch.Tensor]]:
         """A method query's answers as the clients send them under DP (fednorm.privacy)."""
-        if self.privacy is None or query == "evaluate":
+        if self.privacy is None or query in EVALUATION_QUERIES:
             return answers
         return self.privacy.privatize_answers(answers, self.server_round, query)
 
@@ -421,10 +426,10 @@ class Simulation:
         """One client's answer to :meth:`query_clients` (runs where the client lives)."""
         data = self.data
         model = self.client_model(client_id, state)
-        if query == "evaluate":
-            ix = data.client_test[client_id]
-            res = evaluate(model, data.test_x[ix], data.test_y[ix], batch_size=self.config.eval_batch_size,
-                           channels_last=self.spec.channels_last)
+        if query in EVALUATION_QUERIES:  # its test split, or its validation split (held out of its training data)
+            x, y, ix = ((data.test_x, data.test_y, data.client_test[client_id]) if query != VALIDATION_QUERY
+                        else (data.train_x, data.train_y, data.client_val[client_id]))
+            res = evaluate(model, x[ix], y[ix], batch_size=self.config.eval_batch_size, channels_last=self.spec.channels_last)
             return {
                 "correct": torch.tensor(float(res.correct.sum()), dtype=torch.float64),
                 "num": torch.tensor(float(res.num_samples), dtype=torch.float64),

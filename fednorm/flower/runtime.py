@@ -34,6 +34,7 @@ from ..data.federated import FederatedData
 from ..engine.bank import ClientStateBank
 from ..engine.remote import host_of, merge_updates, rebuild_error
 from ..engine.simulator import Simulation
+from ..engine.validation import EVALUATION_QUERIES
 from ..errors import ConfigError, RoundFailedError
 from ..methods.base import ClientUpdates
 from . import protocol
@@ -276,9 +277,9 @@ class FlowerSimulation(Simulation):
     def query_clients(
         self, client_ids: list[int], query: str, state: dict[str, torch.Tensor] | None = None
     ) -> dict[int, dict[str, torch.Tensor]]:
-        if self.secure and query != "evaluate":
+        if self.secure and query not in EVALUATION_QUERIES:  # a score (test or validation split) is sent as it is
             return self._secure_query(client_ids, query, state)
-        message_type = protocol.EVALUATE if query == "evaluate" else protocol.QUERY
+        message_type = protocol.EVALUATE if query in EVALUATION_QUERIES else protocol.QUERY
         content = self._content(client_ids, server_round=self.server_round, query=query, state=state)
         got, failed = self._exchange(message_type, content, f"{self.server_round}.{query}")
         answers: dict[int, dict[str, torch.Tensor]] = {}
