@@ -129,3 +129,31 @@ def test_hbn_layers_are_not_mistaken_for_plain_bn():
     net = stack_model(get_model("simple_cnn", in_channels=1, input_size=8, norm="hbn"), 2, example_input=torch.randn(2, 1, 8, 8))
     layers = [m for m in net.modules() if isinstance(m, StackedBatchNorm)]
     assert layers and all(isinstance(m, StackedHybridBatchNorm) for m in layers)
+
+
+def _client_bytes(sim) -> int:
+    """One client's share of a stacked model, counted apart from fednorm.engine.stack_memory: four
+    copies of every parameter and buffer, 8 bytes each (float64, and the int64 batch counters)."""
+    count = sum(p.numel() for p in sim.model.parameters()) + sum(b.numel() for b in sim.model.buffers())
+    assert sim.config.dtype == "float64"
+    return 4 * 8 * count
+
+
+def test_the_memory_budget_sets_how_many_clients_stack_and_not_the_results():
+    """stack_memory_gib caps a stacked model at budget // (4 × model bytes) clients; a budget that
+    holds 3 of the 7 clients trains them in chunks of 3, 3 and 1, and equals one stack of all 7."""
+    kw = dict(dataset="digits", partition="dirichlet", alpha=0.3, num_clients=7, rounds=2, batch_size=32, lr=0.05,
+              momentum=0.9, model="mlp", norm="bn", dtype="float64", eval_every=100, executor="vectorized")
+    large = Simulation(ExperimentConfig(**kw, stack_memory_gib=64))
+    per_client = _client_bytes(large)
+    for clients in (1, 3, 5):
+        gib = (clients + 0.5) * per_client / 2**30
+        sim = Simulation(ExperimentConfig(**kw, stack_memory_gib=gib))
+        assert sim.executor.max_clients == clients
+    assert large.executor.max_clients == 64  # max_parallel_clients holds it, not the budget
+    small = Simulation(ExperimentConfig(**kw, stack_memory_gib=3.5 * per_client / 2**30))
+    chunks = []
+    run_chunk = small.executor._run_chunk
+    small.executor._run_chunk = lambda r, ids, *a: chunks.append(len(ids)) or run_chunk(r, ids, *a)
+    _assert_same(large, small)
+    assert chunks == [3, 3, 1, 3, 3, 1]

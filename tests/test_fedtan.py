@@ -239,6 +239,27 @@ def test_fedtan_needs_a_lockstep_executor():
         Simulation(_digits_config(max_parallel_clients=2)).step()
 
 
+def test_fedtan_needs_its_round_in_one_stack_and_the_error_names_the_budget_that_holds_it():
+    """The stacked model's memory budget (stack_memory_gib) is what lets a lockstep round fit: one
+    short of the round's 3 clients stops with the value to set, and that value trains as a large one."""
+    import re
+
+    large = Simulation(_digits_config(stack_memory_gib=64))
+    count = sum(p.numel() for p in large.model.parameters()) + sum(b.numel() for b in large.model.buffers())
+    per_client = 4 * 8 * count  # four float64 copies of the model
+    with pytest.raises(ConfigError, match=r"all 3 clients .* at most 2 fit: the stacked model's memory budget \(stack_memory_gib\)") as err:
+        Simulation(_digits_config(stack_memory_gib=2.5 * per_client / 2**30)).step()
+    need = float(re.search(r"set stack_memory_gib to at least (\S+) ", str(err.value)).group(1))
+    assert need >= 3 * per_client / 2**30
+    exact = Simulation(_digits_config(stack_memory_gib=need))
+    assert exact.executor.max_clients == 3
+    for _ in range(2):
+        a, b = large.step(), exact.step()
+        assert a.train_loss == pytest.approx(b.train_loss, rel=1e-12)
+    for key, value in large.global_state.items():
+        torch.testing.assert_close(exact.global_state[key], value, rtol=1e-12, atol=1e-14)
+
+
 def test_fedtan_learns_on_label_skewed_clients():
     cfg = ExperimentConfig(
         dataset="digits", partition="classes", classes_per_client=2, partition_args={"mode": "sequential"},

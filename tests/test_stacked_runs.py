@@ -12,6 +12,7 @@ import torch
 from fednorm import api
 from fednorm.cli.main import main
 from fednorm.config import ExperimentConfig
+from fednorm.errors import ConfigError
 from fednorm.api.run_set import run_stacked
 from fednorm.engine.stacked_runs import stack_blockers
 from fednorm.seeds import run_seeds
@@ -186,3 +187,29 @@ def test_what_stacked_runs_must_share_is_the_fields_roles(tmp_path):
             assert blocked, name
         if role in ("seed", "partition", "schedule", "training", "evaluation", "output", "runtime", "record"):
             assert not blocked, name
+
+
+def test_the_memory_budget_holds_the_whole_stack_and_a_lockstep_run_is_never_split(tmp_path, monkeypatch):
+    """One stack_memory_gib for the stack (the runs share it, and the device): a budget of 4 of
+    FedTAN's clients trains two runs of 4 clients a round as one chunk each, equal to each run
+    alone; a budget of 3 stops the set with the field named."""
+    from fednorm.engine.simulator import Simulation
+    from fednorm.engine.stacked_runs import StackedRunsExecutor
+
+    probe = Simulation(ExperimentConfig(**{**BASE, "method": "fedtan"}))
+    per_client = 4 * 8 * (sum(p.numel() for p in probe.model.parameters()) + sum(b.numel() for b in probe.model.buffers()))
+    chunks = []
+    run_round = StackedRunsExecutor.run_round
+    monkeypatch.setattr(StackedRunsExecutor, "run_round",
+                        lambda self, r, ids, *a: chunks.append(len(ids)) or run_round(self, r, ids, *a))
+    configs = [ExperimentConfig(**{**BASE, "method": "fedtan", "stack_memory_gib": 4.5 * per_client / 2**30}, seed=s,
+                                out=str(tmp_path / f"s{s}")) for s in (0, 1)]
+    stacked, info = run_stacked(configs)
+    assert info["joint_rounds"] == 3 and chunks == [4, 4] * 3
+    for cfg, res in zip(configs, stacked):
+        assert not isinstance(res, BaseException), res
+        _assert_same(res, api.run(cfg.model_copy(update={"out": None}), write=False, progress=False))
+    short = [c.model_copy(update={"stack_memory_gib": 3.5 * per_client / 2**30, "out": str(tmp_path / f"short{c.seed}")})
+             for c in configs]
+    with pytest.raises(ConfigError, match=r"all 4 clients .* at most 3 fit: the stacked model's memory budget \(stack_memory_gib\)"):
+        run_stacked(short)

@@ -40,6 +40,7 @@ from .executor import SequentialExecutor
 from .vectorized import VectorizedExecutor
 from .local import LocalSpec
 from .rng import derive_seed, numpy_rng
+from .stack_memory import stack_budget
 
 __all__ = ["Simulation", "check_names", "tensor_bytes"]
 
@@ -313,7 +314,8 @@ class Simulation:
                 )
             return SequentialExecutor(*args)
         try:
-            executor = VectorizedExecutor(*args, max_clients=cfg.max_parallel_clients)
+            executor = VectorizedExecutor(*args, max_clients=cfg.max_parallel_clients,
+                                          memory_budget=stack_budget(cfg.stack_memory_gib, self.device))
             executor.compile_step = cfg.train_compile
             if lockstep and one_by_one is not None:
                 # The synchronised steps need the stacked model; the rest need not.

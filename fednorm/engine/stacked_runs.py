@@ -33,6 +33,7 @@ from ..methods.base import ClientUpdates, Method
 from ..nn.comm import CommTraffic, GroupedClientComm
 from .rng import derive_seed, torch_generator
 from .simulator import Simulation
+from .stack_memory import stack_budget
 from .vectorized import VectorizedExecutor
 
 __all__ = ["stack_blockers", "StackedRunsExecutor"]
@@ -129,7 +130,9 @@ class StackedRunsExecutor(VectorizedExecutor):
         self._group_list: list[int] = []  # the same on the host
         self.run_traffic: dict[int, CommTraffic] = {}  # each run's synchronised exchanges this round
         super().__init__(base.model, base.method, union, _RowBank(self), base.spec, base.config.seed,  # type: ignore[arg-type]
-                         max_clients=base.config.max_parallel_clients * len(built))
+                         max_clients=base.config.max_parallel_clients * len(built),
+                         # one budget for the whole stack: the runs share the device (and the field)
+                         memory_budget=stack_budget(base.config.stack_memory_gib, base.device))
         self.compile_step = base.config.train_compile
 
     def locate(self, v: int) -> tuple[int, int]:

@@ -1,6 +1,7 @@
 """The vectorized executor: a round's clients trained together as a client dimension.
 
-The clients of a round (in chunks of at most ``max_clients``) are loaded into one stacked model
+The clients of a round (in chunks of at most ``max_clients``, capped by a memory budget:
+:mod:`fednorm.engine.stack_memory`) are loaded into one stacked model
 (:mod:`fednorm.nn.stacked`) and stepped in lockstep: at local step t every client that still
 has a batch contributes it, the forward and backward passes run once for all of them, and a
 vectorized SGD applies each client's own update. Results match the sequential executor up to
@@ -50,6 +51,7 @@ from .feed import StepFeed, crop_rows, crop_source, to_device
 from .local import LocalSpec, batch_plan, train_local
 from .lockstep import scale_client_grads, synced_loss
 from .rng import derive_seed, torch_generator
+from .stack_memory import client_bytes, clients_that_fit, lockstep_overflow, stack_budget
 
 __all__ = ["VectorizedExecutor", "vectorization_blockers"]
 
@@ -95,9 +97,11 @@ class VectorizedExecutor(Executor):
     Args:
         model: the base model (its structure; its values are not used).
         method, data, bank, spec, seed: as for :class:`~fednorm.engine.executor.SequentialExecutor`.
-        max_clients: the most clients held in one stacked model.
+        max_clients: the most clients held in one stacked model (config ``max_parallel_clients``).
         memory_budget: bytes allowed for the stacked parameters, gradients and optimiser state
-            (default 2 GiB); lowers ``max_clients`` for large models (ResNet-18: 11 clients).
+            (config ``stack_memory_gib``; ``None``: the device's default,
+            :func:`~fednorm.engine.stack_memory.stack_budget`); lowers ``max_clients`` for large
+            models (at 2 GiB: ResNet-18 11 clients, AlexNet-BN 2).
 
     Raises:
         NotStackableError: the model or method cannot be vectorized.
@@ -114,7 +118,7 @@ class VectorizedExecutor(Executor):
         spec: LocalSpec,
         seed: int,
         max_clients: int = 64,
-        memory_budget: int = 2 << 30,
+        memory_budget: int | None = None,
     ) -> None:
         blockers = vectorization_blockers(method)
         if blockers:
@@ -126,9 +130,12 @@ class VectorizedExecutor(Executor):
             raise NotStackableError("need at least two training samples to verify the stacked model")
         stack_model(model, 2, example_input=example)
         super().__init__(model, method, data, bank, spec, seed)
-        # Parameters, gradients and momentum of K clients live at once: cap K by a memory budget.
-        model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-        self.max_clients = max(1, min(max_clients, memory_budget // max(1, 4 * model_bytes)))
+        # Parameters, gradients and momentum of K clients live at once: cap K by a memory budget
+        # (fednorm/engine/stack_memory.py).
+        self.memory_budget = stack_budget(None, data.train_x.device) if memory_budget is None else memory_budget
+        self.max_parallel = max_clients
+        self.client_bytes = client_bytes(model)
+        self.max_clients = min(max_clients, clients_that_fit(model, self.memory_budget))
         self._stacked: dict[int, nn.Module] = {}
         # Where the other clients of a synchronised step are: this chunk only, or other processes too
         # (fednorm.distributed sets DistributedClientComm).
@@ -294,10 +301,8 @@ class VectorizedExecutor(Executor):
         self.last_samples_seen = 0
         self.last_traffic = CommTraffic()
         if self.method.requires_lockstep and len(client_ids) > self.max_clients:
-            raise ConfigError(
-                f"method '{self.method.name}' synchronises all {len(client_ids)} clients of a round in one "
-                f"stacked model, but at most {self.max_clients} fit (max_parallel_clients / memory budget)"
-            )
+            raise ConfigError(lockstep_overflow(self.method.name, len(client_ids), self.max_parallel, self.memory_budget,
+                                                self.client_bytes))
         for start in range(0, len(client_ids), self.max_clients):
             end = start + self.max_clients
             chunk_lr = lr if isinstance(lr, (int, float)) else list(lr)[start:end]
