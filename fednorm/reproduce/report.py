@@ -15,6 +15,8 @@ settings where our runs differ from the paper or the paper from its code (``sett
 
 "last-10" is the mean over the last 10 *rounds* (R−9 to R of an R-round run), the same span in
 every table whatever its evaluation cadence; it is n/a for a run that did not evaluate each of them.
+"best-val" is the accuracy at the round of the best mean validation accuracy (``val_accuracy``,
+the first of equal ones: FedBN's model selection), n/a for a run without a validation split.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ from ..config import load_config
 from ..errors import ConfigError
 from .runner import RECORD_NAME, RunSpec, config_differences, data_missing_file, git_info, plan
 from ..engine.last_rounds import last_rounds_mean  # one meaning of last-10 everywhere (issue 50)
+from ..engine.validation import best_index, client_selection  # the selection summary.json records
 from .report_markdown import markdown
 from .report_plots import plot_table
 from .suite import STATS, PaperStatistic, Table
 
-__all__ = ["run_metrics", "series", "summarize", "welch", "paired", "stuck_curve", "STUCK_SHARE", "last_rounds_mean", "paper_statistic_value", "ordering", "collect",
+__all__ = ["run_metrics", "series", "summarize", "welch", "paired", "stuck_curve", "STUCK_SHARE", "last_rounds_mean", "best_validation_value", "paper_statistic_value", "ordering", "collect",
            "write_report"]
 
 def _read_json(path: Path) -> Any:
@@ -127,8 +130,20 @@ def _cadence(eval_every: Any, eval_last: Any) -> str:
     return text + (f" and each of the last {int(eval_last)}" if eval_last and int(eval_every) > 1 else "")
 
 
+def best_validation_value(curve: Sequence[tuple[int, float]], selection: Sequence[tuple[int, float]] | None
+                          ) -> tuple[float | None, int | None]:
+    """The value of ``curve`` at the round ``selection`` (the run's ``(round, val_accuracy)``) is
+    largest at, the first of equal ones, and that round; ``(None, round)`` when ``curve`` has no
+    value there, ``(None, None)`` without a selection curve."""
+    if not selection:
+        return None, None
+    chosen = selection[best_index([v for _, v in selection])][0]  # type: ignore[index]
+    return dict(curve).get(chosen), chosen
+
+
 def paper_statistic_value(curve: Sequence[tuple[int, float]], final_round: int, kind: str, stat: PaperStatistic,
-                          cadence: str = "at its own cadence") -> tuple[float | None, str | None]:
+                          cadence: str = "at its own cadence", selection: Sequence[tuple[int, float]] | None = None,
+                          ) -> tuple[float | None, str | None]:
     """One run's figure computed as the paper's statistic ``kind``: ``(value, None)`` when the run
     recorded what that needs, else ``(value or None, why ours differs)``.
 
@@ -136,6 +151,9 @@ def paper_statistic_value(curve: Sequence[tuple[int, float]], final_round: int, 
     paper's is over every ``eval_every``-th round, so a run evaluated more sparsely gives a lower
     bound of it. ``last_mean``: the mean over the evaluations at rounds ``R − i·eval_every``,
     i < ``evaluations`` (the paper's last evaluations); None unless every one of them was evaluated.
+    ``best_val``: the accuracy at the round of the best validation accuracy (``selection``, the
+    run's ``(round, val_accuracy)``); None without a validation split; selected among fewer rounds
+    than the paper's when the run validated more sparsely (neither bound of the paper's).
     ``cadence`` describes the run's own evaluations for those notes (``"every 10 rounds"``).
     """
     at = dict(curve)
@@ -154,6 +172,19 @@ def paper_statistic_value(curve: Sequence[tuple[int, float]], final_round: int, 
         paper = "every round" if every == 1 else f"every {every} rounds"
         return max(at.values()), (f"best over our {len(at)} evaluations ({cadence}) where the paper's run evaluates "
                                   f"{paper}: a lower bound of the paper's best")
+    if kind == "best_val":
+        value, chosen = best_validation_value(curve, selection)
+        if chosen is None:
+            return None, "n/a: the run held out no validation split (validation_fraction: 0)"
+        if value is None:
+            return None, f"n/a: no evaluation of this metric at round {chosen}, the best validation round"
+        needed = range(every, final_round + 1, every)
+        validated = {r for r, _ in selection or ()}
+        if all(r in validated for r in needed):
+            return value, None
+        paper = "every round" if every == 1 else f"every {every} rounds"
+        return value, (f"selected over our {len(validated)} validations ({cadence}) where the paper's run validates "
+                       f"{paper}")
     if kind == "last_mean":
         n = int(stat.evaluations or 1)
         needed = [final_round - i * every for i in range(n) if final_round - i * every >= 1]
@@ -162,6 +193,28 @@ def paper_statistic_value(curve: Sequence[tuple[int, float]], final_round: int, 
         return None, (f"n/a: the paper's last {n} evaluations are rounds {needed[-1]}–{final_round}"
                       f"{'' if every == 1 else f' every {every}'}; ours evaluated {cadence}")
     raise ConfigError(f"unknown paper statistic '{kind}'")
+
+
+def _client_selected(history: Sequence[Mapping[str, Any]], metric: str, sources: Sequence[str] | None
+                     ) -> tuple[float | None, str | None]:
+    """``metric`` (in %) with each client selected at its own best validation round
+    (:func:`fednorm.engine.validation.client_selection`): a ``client:<source>`` column that client's
+    test accuracy there, ``mean_client_accuracy`` the unweighted mean over the clients; with why not."""
+    chosen = client_selection(history)
+    if not chosen:
+        return None, "n/a: the run held out no validation split (validation_fraction: 0)"
+    if metric.startswith("client:"):
+        name = metric.split(":", 1)[1]
+        if not sources or name not in sources:
+            return None, f"n/a: no client holds source '{name}'"
+        picked = [chosen[list(sources).index(name)][1]]
+    elif metric == "mean_client_accuracy":
+        picked = [t for _, t in chosen]
+    else:
+        return None, f"n/a: {metric} is not a per-client accuracy"
+    if any(t is None for t in picked):
+        return None, "n/a: a client without a validation split or a test evaluation at its selected round"
+    return 100.0 * statistics.fmean(picked), None
 
 
 def _code_versions(invocations: list[dict[str, Any]]) -> list[str]:
@@ -191,6 +244,9 @@ def run_metrics(run_dir: str | Path, metric: str) -> dict[str, Any]:
     final_round = int(summary["rounds"]) if summary.get("rounds") else (curve[-1][0] if curve else 0)
     cadence = _cadence(saved.get("eval_every"), saved.get("eval_last_rounds"))
     last10 = last_rounds_mean(curve, final_round) if curve else None
+    val_curve = series(history, "val_accuracy", None)  # empty without a validation split
+    best_val, best_val_round = best_validation_value(curve, val_curve)
+    best_val_client, best_val_client_na = _client_selected(history, metric, summary.get("client_sources"))
     out: dict[str, Any] = {
         "dir": str(run_dir),
         "seed": summary.get("seed", record.get("seed", saved.get("seed"))),  # no summary before its first round ends
@@ -201,6 +257,14 @@ def run_metrics(run_dir: str | Path, metric: str) -> dict[str, Any]:
         "best": max(values) if values else None,
         "last10": last10,
         "last10_na": None if last10 is not None or not curve else f"evaluated {cadence}",
+        "best_val": best_val,
+        "best_val_round": best_val_round,
+        "best_val_na": None if best_val is not None or not curve else (
+            "without a validation split (validation_fraction: 0)" if not val_curve
+            else f"not evaluated at round {best_val_round}, the best validation round"),
+        "val_curve": val_curve,
+        "best_val_client": best_val_client,
+        "best_val_client_na": best_val_client_na,
         "cadence": cadence,
         "curve": curve,
         "wall_seconds": record.get("wall_seconds"),
@@ -379,6 +443,9 @@ def _collect_cell(table: Table, row_id: str, col_id: str, spec: RunSpec | None, 
     unevaluated = [r for r in done if r["last10"] is None]
     if unevaluated:  # a mean over some seeds only would not be the cell's
         res["stats"]["last10"] = {"mean": None, "std": None, "n": 0, "na": unevaluated[0]["last10_na"]}
+    unvalidated = [r for r in done if r.get("best_val") is None]
+    if unvalidated:  # likewise: best-val over some seeds only would not be the cell's
+        res["stats"]["best_val"] = {"mean": None, "std": None, "n": 0, "na": unvalidated[0].get("best_val_na")}
     res["paper_statistic"] = _paper_statistic_cell(table, row_id, col_id, done)
     syncs = [r["final_sync"] for r in done if "final_sync" in r]
     if syncs:
@@ -421,7 +488,14 @@ def _paper_statistic_cell(table: Table, row_id: str, col_id: str, done: Sequence
     for kind in table.cell_statistics(row_id, col_id):
         values, why = [], []
         for r in done:
-            value, note = paper_statistic_value(r["curve"], int(r["final_round"]), kind, stat, r.get("cadence") or "")
+            if kind == "best_val_client":  # per-client selection: read from the whole record (run_metrics)
+                value, note = r.get("best_val_client"), r.get("best_val_client_na")
+                values.append(value)
+                if note and note not in why:
+                    why.append(note)
+                continue
+            value, note = paper_statistic_value(r["curve"], int(r["final_round"]), kind, stat, r.get("cadence") or "",
+                                                selection=r.get("val_curve"))
             values.append(value)
             if note and note not in why:
                 why.append(note)

@@ -10,8 +10,9 @@ __all__ = ["markdown", "settings_markdown", "LAST_ROUNDS", "STAT_LABEL"]
 
 MAX_FLIPS = 6  # reversed pairs listed per column in report.md (all are in results.json)
 from ..engine.last_rounds import LAST_ROUNDS  # "last-10": the mean over the last 10 rounds of a run
-STAT_LABEL = {"final": "final", "best": "best", "last10": "last-10 mean"}
-PAPER_STAT_LABEL = {"final": "final", "best": "best"}
+STAT_LABEL = {"final": "final", "best": "best", "last10": "last-10 mean", "best_val": "at best validation"}
+PAPER_STAT_LABEL = {"final": "final", "best": "best", "best_val": "test accuracy at the best mean validation accuracy",
+                    "best_val_client": "each client's test accuracy at its own best validation accuracy"}
 METRIC_LABEL = {"test_accuracy": "test accuracy of the global model",
                 "mean_client_accuracy": "mean over clients of the accuracy on each client's own test split"}
 
@@ -73,11 +74,15 @@ def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
     if any(m.startswith("client:") for m in metrics):
         descs.insert(0, "per data-source columns: the accuracy of the client holding that source on its own test split")
     mdesc = "; ".join(descs)
+    val_text = ("best-val: at the round of the best mean validation accuracy (each client's validation split, held out "
+                "of its training data), n/a for a run without one. " if "best_val" in t["compare"] else "")
     lines += [f"**Metric:** {mdesc}, in %. Ours: mean ± sample std over the completed seeds; last-10: the mean over "
               f"the last {LAST_ROUNDS} rounds (R−{LAST_ROUNDS - 1} to R), n/a where a run did not evaluate each of them. "
+              + val_text +
               f"The paper's number is compared with our {', '.join(STAT_LABEL[s] for s in t['compare'])} (difference = "
               f"ours − paper); the ordering uses the {STAT_LABEL[t['compare'][0]]}.", ""]
-    head = "| method | column | final | best | last-10 | paper | " + " | ".join(f"Δ {STAT_LABEL[s]}" for s in t["compare"]) + " | seeds | rounds | wall (s) | status |"
+    with_val = "best_val" in t["compare"]  # a column of its own only where a table compares it
+    head = "| method | column | final | best | last-10 | " + ("best-val | " if with_val else "") + "paper | " + " | ".join(f"Δ {STAT_LABEL[s]}" for s in t["compare"]) + " | seeds | rounds | wall (s) | status |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     has_sync = any("final_sync" in c["stats"] for c in t["cells"])
     for c in t["cells"]:
@@ -88,7 +93,7 @@ def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
         diffs = " | ".join(_signed(c["diff"].get(s)) for s in t["compare"])
         lines.append(
             f"| {c['row_label']} | {c['column_label']} | {_ms(st.get('final'))} | {_ms(st.get('best'))} | {_ms(st.get('last10'))} | "
-            f"{c['paper_display']} | {diffs} | {(st.get('final') or {}).get('n', 0) or '—'} | {_rounds_text(c)} | "
+            + (f"{_ms(st.get('best_val'))} | " if with_val else "") + f"{c['paper_display']} | {diffs} | {(st.get('final') or {}).get('n', 0) or '—'} | {_rounds_text(c)} | "
             f"{_pct(c.get('wall_seconds') or None, 1)} | {status.replace('|', '/')} |"
         )
     stuck = [c for c in t["cells"] if c.get("stuck")]

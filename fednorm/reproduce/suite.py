@@ -10,6 +10,8 @@ number lives in Python::
     claim: ...                    # the paper's headline claim for this table (free text)
     metric: test_accuracy         # what a cell reads from a run (a column may override it)
     compare: [best, last10]       # statistics compared with the paper's number; the first ranks
+                                  #   (final, best, last10, best_val: the test accuracy at the round of the
+                                  #   best validation accuracy, for runs with validation_fraction > 0)
     seeds: 1                      # default number of seeds (a row may override it)
     base: {...}                   # ExperimentConfig fields: the paper's setting at full scale
     reduced:                      # the stated reduced scale
@@ -26,9 +28,10 @@ number lives in Python::
     notes: [...]                  # remarks printed in the report (setting differences go in settings:)
     extra_tests: [f.npz]          # test-set files in the data folder every finished full-scale run is also scored on
     paper_statistic:              # what the paper's number is, so the report computes ours the same way
-      kind: final                 #   final | best | last_mean, or a list of candidates when the paper does not say
+      kind: final                 #   final | best | last_mean | best_val | best_val_client (each client at its own
+                                  #   best validation round), or a list of candidates when the paper does not say
       evaluations: 10             #   last_mean: the mean of this many last evaluations
-      eval_every: 1               #   best/last_mean: the paper's (or its code's) evaluation cadence, in rounds
+      eval_every: 1               #   best/last_mean/best_val: the paper's (or its code's) evaluation cadence, in rounds
       runs: 5                     #   the paper's number is a mean over this many runs (omit if not stated)
       source: "paper, Sec. ..."   #   where the paper or its released code says so
       note: ...                   #   optional
@@ -80,8 +83,8 @@ __all__ = [
 
 PAPERS = ("hbn", "fedtan", "fbn", "ln", "fedbn")
 SCALES = ("full", "reduced")
-STATS = ("final", "best", "last10")
-PAPER_STATS = ("final", "best", "last_mean")
+STATS = ("final", "best", "last10", "best_val")
+PAPER_STATS = ("final", "best", "last_mean", "best_val", "best_val_client")
 METRICS = ("test_accuracy", "mean_client_accuracy")
 ENV_CONFIGS = "FEDNORM_REPRODUCE_CONFIGS"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -184,6 +187,12 @@ class PaperStatistic:
             return "the accuracy after the last round"
         if kind == "best":
             return f"the best accuracy over the run's evaluations ({self.cadence()})"
+        if kind == "best_val":
+            return (f"the test accuracy at the round of the best mean validation accuracy over the run's evaluations "
+                    f"({self.cadence()})")
+        if kind == "best_val_client":
+            return (f"each client's test accuracy at the round of its own best validation accuracy over the run's "
+                    f"evaluations ({self.cadence()})")
         span = (self.evaluations - 1) * (self.eval_every or 1)
         return (f"the mean of the last {self.evaluations} evaluations ({self.cadence()}: rounds "
                 f"R−{span} to R of an R-round run)")
@@ -366,10 +375,10 @@ def _parse_paper_statistic(value: Any, path: Path) -> PaperStatistic | None:
 
 
 def _check_kinds_defined(stat: PaperStatistic, kinds: tuple[str, ...], path: Path, what: str) -> None:
-    """``last_mean`` needs ``evaluations``; ``best`` and ``last_mean`` need ``eval_every``."""
+    """``last_mean`` needs ``evaluations``; the others but ``final`` need ``eval_every``."""
     if "last_mean" in kinds and stat.evaluations is None:
         raise _fail(path, f"{what} last_mean needs paper_statistic.evaluations (how many last evaluations the paper averages)")
-    if any(k in ("best", "last_mean") for k in kinds) and stat.eval_every is None:
+    if any(k != "final" for k in kinds) and stat.eval_every is None:
         raise _fail(path, f"{what} {'/'.join(k for k in kinds if k != 'final')} needs paper_statistic.eval_every "
                           "(how often the paper's run evaluates, in rounds)")
 
