@@ -50,7 +50,7 @@ class FederatedData:
             run can tell its config's data from data of the user's own.
         client_val: one index tensor into ``train_*`` per client, held out of its training
             samples to select a model by validation accuracy (``validation_fraction``;
-            :func:`~fednorm.data.validation.hold_out_validation`), else ``None``.
+            ``fednorm.data.validation.hold_out_validation``), else ``None``.
     """
 
     info: DatasetInfo
