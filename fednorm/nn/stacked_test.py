@@ -139,3 +139,42 @@ def test_synced_stacked_bn_gives_centralized_forward_and_gradient_on_the_union_b
         if buf.is_floating_point():
             for i in range(k):
                 torch.testing.assert_close(buffers[name][i], buf, rtol=1e-10, atol=1e-12)
+
+
+class ChannelSum(nn.Module):
+    """Two branches summed: per channel, so it stacks."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(1, 2, 3, padding=1)
+        self.b = nn.Conv2d(1, 2, 3, padding=1)
+        self.head = nn.Linear(2 * 8 * 8, 3)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.a(x) + self.b(x), 1))
+
+
+def test_a_structure_is_verified_once_per_process_and_a_new_forward_again(monkeypatch):
+    import fednorm.nn.stacked.convert as convert
+
+    calls = []
+    verify = convert._verify
+    monkeypatch.setattr(convert, "_verify", lambda *a: calls.append(a[1:2]) or verify(*a))
+    monkeypatch.setattr(convert, "_VERIFIED", set())
+    x = torch.randn(2, 1, 8, 8)
+    stack_model(ChannelSum(), 2, example_input=x)
+    stack_model(ChannelSum(), 2, example_input=x)  # other values, the same structure: not again
+    assert len(calls) == 1
+    stack_model(ChannelSum(), 3, example_input=x)  # another client count
+    stack_model(ChannelSum(), 2, example_input=torch.randn(3, 1, 8, 8))  # another input shape
+    assert len(calls) == 3
+    # a structure that fails is verified, and refused, every time
+    for _ in range(2):
+        with pytest.raises(NotStackableError, match="mixes channels"):
+            stack_model(ChannelConcat(), 2, example_input=x)
+    assert len(calls) == 5
+    # a layer setting a forward reads (here the convolution's dilation) makes another structure
+    other = ChannelSum()
+    other.a.padding, other.a.dilation = (2, 2), (2, 2)
+    stack_model(other, 2, example_input=x)
+    assert len(calls) == 6

@@ -104,8 +104,30 @@ def stack_model(
     if verify:
         if example_input is None:
             raise ValueError("example_input is required to verify the stacked model")
-        _verify(model, stacked, num_clients, example_input)
+        key = _structure_key(model, num_clients, example_input)
+        if key not in _VERIFIED:
+            _verify(model, num_clients, example_input)
+            _VERIFIED.add(key)
     return stacked
+
+
+# The structures this process has verified: the check reads the layers' code and settings, not
+# their values, so a run set's runs of one model (and a test suite's) verify it once.
+_VERIFIED: set[tuple] = set()
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _structure_key(model: nn.Module, k: int, x: torch.Tensor) -> tuple:
+    """Every module's type, repr and plain settings (the attributes a forward may branch on), the
+    client count and the example's shape: what the verification's outcome depends on."""
+    layers = tuple(
+        (name, type(m).__module__, type(m).__qualname__, m.extra_repr(),
+         tuple(sorted((a, v) for a, v in vars(m).items()
+                      if a != "training" and not a.startswith("_")
+                      and (isinstance(v, _PLAIN) or isinstance(v, tuple) and all(isinstance(e, _PLAIN) for e in v)))))
+        for name, m in model.named_modules()
+    )
+    return layers, k, tuple(x.shape)
 
 
 def _train_without_dropout(model: nn.Module, training: bool) -> None:
@@ -117,24 +139,26 @@ def _train_without_dropout(model: nn.Module, training: bool) -> None:
 
 
 @torch.no_grad()
-def _verify(model: nn.Module, stacked: nn.Module, k: int, x: torch.Tensor) -> None:
-    """Perturb each client's copy differently and compare the stacked forward with the base one."""
+def _verify(model: nn.Module, k: int, x: torch.Tensor) -> None:
+    """Perturb each client's copy differently and compare the stacked forward with the base one.
+
+    The probe is a float64 conversion of ``model`` made here (the conversion is deterministic,
+    so it checks the one returned, which it never touches). One noise draw per tensor, scaled by
+    the client's index, makes the clients' states differ (a layout error mixing clients is O(1));
+    the reference forwards reload one float64 copy of the base model. This keeps the check to a
+    few model copies, not a few per client: it runs whenever a run builds a vectorized executor."""
     # In float64 so rounding (1e-12) cannot be mistaken for a layout error (O(1)).
     base = copy.deepcopy(model).double().cpu()
-    probe = copy.deepcopy(stacked).double().cpu()
+    probe = _convert(copy.deepcopy(base), k)
     x = x.detach().double().cpu()
     gen = torch.Generator().manual_seed(1234)
-    client_states = []
-    for i in range(k):
-        state = {}
-        for name, t in base.state_dict().items():
-            if t.is_floating_point():
-                noise = torch.randn(t.shape, generator=gen, dtype=t.dtype) * 0.05 * (i + 1)
-                state[name] = t + noise.to(t.device)
-            else:
-                state[name] = t.clone()
-        client_states.append(state)
-    stacked_state = {name: torch.stack([s[name] for s in client_states]) for name in client_states[0]}
+    stacked_state = {}
+    for name, t in base.state_dict().items():
+        if t.is_floating_point():
+            noise = torch.randn(t.shape, generator=gen, dtype=t.dtype).mul_(0.05)
+            stacked_state[name] = torch.stack([t + noise * (i + 1) for i in range(k)])
+        else:
+            stacked_state[name] = torch.stack([t] * k)
     xs = torch.stack([x + 0.1 * i for i in range(k)])  # each client its own batch
     for training in (False, True):
         probe.load_state_dict(stacked_state)
@@ -149,10 +173,9 @@ def _verify(model: nn.Module, stacked: nn.Module, k: int, x: torch.Tensor) -> No
                 raise
             raise NotStackableError(f"the stacked forward fails: {exc}") from None
         for i in range(k):
-            ref_model = copy.deepcopy(base)
-            ref_model.load_state_dict(client_states[i])
-            _train_without_dropout(ref_model, training)
-            ref = ref_model(xs[i])
+            base.load_state_dict({name: t[i] for name, t in stacked_state.items()})
+            _train_without_dropout(base, training)
+            ref = base(xs[i])
             if out[i].shape != ref.shape or not torch.allclose(out[i], ref, rtol=1e-7, atol=1e-8):
                 err = (out[i] - ref).abs().max().item() if out[i].shape == ref.shape else float("nan")
                 raise NotStackableError(
