@@ -27,7 +27,12 @@ __all__ = ["SeedStats", "SeedsResult", "SeedsComparison", "run_seeds", "compare_
 
 #: Summary metrics aggregated over seeds (those a run's summary.json has), as fractions.
 METRICS = ("final_test_accuracy", "best_test_accuracy", "last10_mean_test_accuracy", "final_mean_client_accuracy",
-           "final_test_loss")
+           "final_test_loss",
+           # with validation_fraction (fednorm/engine/validation.py): the test accuracy at the round of the best
+           # validation accuracy, and a personalized method's mean over clients at each one's own best round
+           "best_val_test_accuracy", "best_val_mean_client_accuracy", "client_best_val_mean_accuracy")
+# Per-client accuracies of feature-shift runs summarised per source: (summary key, metric prefix).
+_PER_SOURCE = (("final_client_accuracies", "final_accuracy"), ("best_val_client_accuracies", "best_val_test_accuracy"))
 
 
 @dataclass
@@ -110,29 +115,32 @@ def _stats(values: dict[int, float]) -> SeedStats | None:
 
 
 def summarize_seeds(summaries: dict[int, dict[str, Any]]) -> dict[str, SeedStats]:
-    """Mean, sample std, min and max over seeds of every metric in :data:`METRICS`, and, for
-    feature-shift runs (``client_sources``), of each source's final accuracy: the mean over its
-    clients' own test accuracies, as FedBN's Table 11 reports per domain."""
+    """Mean, sample std, min and max over seeds of every metric in :data:`METRICS` a run recorded,
+    and, for feature-shift runs (``client_sources``), of each source's accuracy: the mean over its
+    clients' own test accuracies, as FedBN's Table 11 reports per domain, at the last round
+    (``final_accuracy[<source>]``) and, with validation, at the best validation round
+    (``best_val_test_accuracy[<source>]``, FedBN's rule for Office-Caltech10 and DomainNet)."""
     out: dict[str, SeedStats] = {}
     for name in METRICS:
         st = _stats({s: summ.get(name) for s, summ in summaries.items()})
         if st is not None:
             out[name] = st
-    per_source: dict[str, dict[int, float]] = {}
-    for seed, summ in summaries.items():
-        sources, accs = summ.get("client_sources"), summ.get("final_client_accuracies")
-        if not sources or not accs:
-            continue
-        groups: dict[str, list[float]] = {}
-        for src, acc in zip(sources, accs):
-            if acc is not None:
-                groups.setdefault(src, []).append(acc)
-        for src, vals in groups.items():
-            per_source.setdefault(src, {})[seed] = statistics.fmean(vals)
-    for src in sorted(per_source):
-        st = _stats(per_source[src])
-        if st is not None:
-            out[f"final_accuracy[{src}]"] = st
+    for key, prefix in _PER_SOURCE:
+        per_source: dict[str, dict[int, float]] = {}
+        for seed, summ in summaries.items():
+            sources, accs = summ.get("client_sources"), summ.get(key)
+            if not sources or not accs:
+                continue
+            groups: dict[str, list[float]] = {}
+            for src, acc in zip(sources, accs):
+                if acc is not None:
+                    groups.setdefault(src, []).append(acc)
+            for src, vals in groups.items():
+                per_source.setdefault(src, {})[seed] = statistics.fmean(vals)
+        for src in sorted(per_source):
+            st = _stats(per_source[src])
+            if st is not None:
+                out[f"{prefix}[{src}]"] = st
     return out
 
 
@@ -299,6 +307,9 @@ def plot_seed_comparison(histories: dict[str, dict[int, Sequence[dict[str, Any]]
 # Columns of the comparison table: (metric, header).
 TABLE = (("final_test_accuracy", "final acc (%)"), ("best_test_accuracy", "best acc (%)"),
          ("last10_mean_test_accuracy", "last-10 rounds acc (%)"), ("final_mean_client_accuracy", "mean client acc (%)"))
+# Columns added when some variant recorded them (runs with validation_fraction).
+VALIDATED = (("best_val_test_accuracy", "acc at best val (%)"),
+             ("client_best_val_mean_accuracy", "client acc at own best val (%)"))
 
 
 @dataclass
@@ -333,12 +344,15 @@ class SeedsComparison:
         return out
 
     def markdown(self) -> str:
-        """The table: mean ± std (in %) of the final, best, last-10 and mean per-client accuracy."""
-        head = "| variant | evaluated | seeds | " + " | ".join(h for _, h in TABLE) + " |"
-        lines = [head, "|---|---|---:|" + "---:|" * len(TABLE)]
+        """The table: mean ± std (in %) of the final, best, last-10 and mean per-client accuracy, and
+        where a variant validated (``validation_fraction``) the test accuracy at the best validation
+        round (a personalized variant: the mean over clients, each at its own best round)."""
+        table = TABLE + tuple(c for c in VALIDATED if any(c[0] in r.stats for r in self.results.values()))
+        head = "| variant | evaluated | seeds | " + " | ".join(h for _, h in table) + " |"
+        lines = [head, "|---|---|---:|" + "---:|" * len(table)]
         for label, res in self.results.items():
             cells = []
-            for name, _ in TABLE:
+            for name, _ in table:
                 st = res.stats.get(name)
                 cells.append("n/a" if st is None else f"{100 * st.mean:.2f} ± {100 * st.std:.2f}")
             n = len([s for s in res.summaries.values() if s.get("status") == "completed"])

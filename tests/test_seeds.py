@@ -158,3 +158,45 @@ def test_stacked_seeds_train_on_the_split_their_keyword_config_asks_for(tmp_path
         alone = federated_data_from_config(load_config(None, {**kw, "seed": seed}))
         counts = [[int(c) for c in torch.bincount(alone.train_y[idx], minlength=alone.num_classes)] for idx in alone.client_train]
         assert recorded["train_label_counts"] == counts
+
+
+def test_seeds_with_validation_summarise_the_test_accuracy_at_each_seeds_best_validation_round(tmp_path: Path) -> None:
+    """With validation_fraction every seed's summary.json has the test accuracy at its best validation
+    round; the seeds' statistics are those figures, read back from each run's evaluations here, and a
+    comparison's table gets a column for them."""
+    from fednorm.seeds import SeedsComparison
+
+    cfg = ExperimentConfig(**{**TINY, "rounds": 4, "eval_every": 1, "validation_fraction": 0.3, "lr": 0.5,
+                              "partition": "dirichlet", "alpha": 0.5})
+    result = run_seeds(cfg, [0, 1], tmp_path / "val", plot=False)
+    expected = {}
+    for seed in (0, 1):
+        _, history = load_run(tmp_path / "val" / f"seed{seed}")
+        evaluated = [h for h in history if "val_accuracy" in h]
+        best = max(h["val_accuracy"] for h in evaluated)
+        expected[seed] = next(h for h in evaluated if h["val_accuracy"] == best)["test_accuracy"]
+    got = result.stats["best_val_test_accuracy"]
+    assert got.values == pytest.approx(expected)
+    assert got.mean == pytest.approx(statistics.fmean(expected.values()))
+    table = SeedsComparison(tmp_path, [0, 1], {"fedavg+bn": result}).markdown()
+    assert "acc at best val (%)" in table.splitlines()[0]
+    assert f"{100 * got.mean:.2f} ± {100 * got.std:.2f}" in table
+    # runs without validation add no such column
+    plain = run_seeds(ExperimentConfig(**TINY), [0], tmp_path / "plain", plot=False)
+    assert "best_val_test_accuracy" not in plain.stats
+    assert "best val" not in SeedsComparison(tmp_path, [0], {"fedavg+bn": plain}).markdown()
+
+
+def test_per_source_accuracy_at_the_best_validation_round() -> None:
+    from fednorm.seeds import summarize_seeds
+
+    summaries = {
+        0: {"client_sources": ["a", "b", "a"], "final_client_accuracies": [0.9, 0.6, 0.7],
+            "best_val_client_accuracies": [0.5, 0.4, 0.9]},
+        1: {"client_sources": ["a", "b", "a"], "final_client_accuracies": [0.8, 0.5, 0.8],
+            "best_val_client_accuracies": [0.6, 0.2, 0.6]},
+    }
+    stats = summarize_seeds(summaries)
+    assert stats["best_val_test_accuracy[a]"].values == {0: pytest.approx(0.7), 1: pytest.approx(0.6)}
+    assert stats["best_val_test_accuracy[b]"].mean == pytest.approx(0.3)
+    assert stats["final_accuracy[a]"].mean == pytest.approx(0.8)
