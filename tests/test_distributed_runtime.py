@@ -42,7 +42,14 @@ CASES: dict[str, dict] = {
                                                  method_args={"eval_resync": "all"}),
     "fbn": dict(method="fbn", norm="fbn", dsgd=True, batch_size=16, lr=0.3, rounds=20, eval_every=10),
     "fedtan": dict(method="fedtan", norm="bn", local_steps=3, batch_size=16, momentum=0.0),
+    # each rank holds out the same validation samples of its clients and scores them as in-process
+    "fedbn, validation": dict(method="fedbn", norm="bn", validation_fraction=0.3, rounds=3),
+    "fedavg+bn, 3 of 5 clients, validation": dict(method="fedavg", norm="bn", clients_per_round=3,
+                                                  validation_fraction=0.3, rounds=3),
 }
+VALIDATION = ("val_accuracy", "val_loss", "client_val_accuracies")
+SELECTION = ("best_val_round", "best_val_accuracy", "best_val_test_accuracy", "best_val_client_accuracies",
+             "client_best_val_rounds", "client_best_val_test_accuracies")
 
 
 def _config(case: str) -> ExperimentConfig:
@@ -52,10 +59,11 @@ def _config(case: str) -> ExperimentConfig:
 def _metrics(result) -> dict:
     keep = ("test_accuracy", "test_loss", "mean_client_accuracy", "client_accuracies", "train_loss", "uplink_bytes",
             "downlink_bytes", "downlink_bytes_broadcast", "comm_rounds", "samples_trained")
-    out = {"history": [{k: h[k] for k in keep} for h in result.history]}
+    out = {"history": [{k: h[k] for k in (*keep, *VALIDATION) if k in h} for h in result.history]}
     s = result.summary
     out["final_sync"] = s.get("final_sync")
     out["method_report"] = s.get("method_report")
+    out["selection"] = {k: s[k] for k in SELECTION if k in s}
     return out
 
 
@@ -108,6 +116,9 @@ def test_two_processes_give_the_simulators_metrics_for_every_method(tmp_path):
     for case in CASES:
         local = json.loads(json.dumps(_metrics(run(_config(case), write=False, progress=False))))
         assert local["history"][-1]["test_accuracy"] > 0.2, case  # the runs learn something
+        if "validation" in case:  # the validation figures exist, so the comparison below covers them
+            assert all("client_val_accuracies" in h for h in local["history"]), case
+            assert local["selection"]["best_val_round"] in range(1, 4), case
         _close(distributed[case], local, case)
 
 

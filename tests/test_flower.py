@@ -179,6 +179,31 @@ def test_in_process_grid_runs_give_the_simulators_metrics(case):
     _close(json.loads(json.dumps(_metrics(result.history, result.summary))), _reference(cfg, case in CASES), case)
 
 
+@pytest.mark.parametrize("case", ["fedbn", "scaffold+fedadam, 3 of 5"])
+def test_validation_on_flower_nodes_gives_the_simulators_figures_and_selection(case):
+    """Each node holds out the same validation samples of its clients as an in-process run
+    (validation_fraction) and scores them with the same models: the validation figures of every
+    evaluation and summary.json's best-validation selection are the simulator's."""
+    from fednorm.flower.client_app import app as client_app
+    from fednorm.flower.runtime import simulation_factory
+
+    cfg = _config(case, validation_fraction=0.3, rounds=3)
+    grid = InProcessGrid(client_app, 2)
+    got = run(cfg, write=False, progress=False, simulation=simulation_factory(grid, grid.get_node_ids(), 60.0))
+    want = run(cfg, write=False, progress=False)
+    keys = ("val_accuracy", "val_loss", "client_val_accuracies", "test_accuracy", "client_accuracies")
+    selection = ("best_val_round", "best_val_accuracy", "best_val_test_accuracy", "best_val_client_accuracies",
+                 "client_best_val_rounds", "client_best_val_test_accuracies")
+
+    def figures(result) -> dict:
+        return json.loads(json.dumps({"history": [{k: h[k] for k in keys if k in h} for h in result.history],
+                                      "selection": {k: result.summary[k] for k in selection if k in result.summary}}))
+
+    reference = figures(want)
+    assert all("client_val_accuracies" in h for h in reference["history"]) and reference["selection"]["best_val_round"]
+    _close(figures(got), reference, case)
+
+
 def test_a_failed_node_drops_its_clients_and_min_clients_decides():
     from fednorm.errors import RoundFailedError
     from fednorm.flower.client_app import app as client_app
