@@ -18,6 +18,7 @@ from .domains import DigitsDomains
 from .domains_dataset import DomainsDataset
 from .gaussians import TwoGaussians
 from .tiny_imagenet import TinyImageNet
+from .morpho_mnist import MorphoMNIST
 from .abide import ABIDE
 from .presets import PACS, Digits5, DomainNet, ImageFolder, OfficeCaltech10
 from .hf import HFImageDataset  # registers --dataset hf:<path> (datasets is imported only when used)
@@ -44,6 +45,7 @@ __all__ = [
     "PACS",
     "TwoGaussians",
     "TinyImageNet",
+    "MorphoMNIST",
     "ABIDE",
     "FashionMNIST",
     "default_root",
