@@ -196,8 +196,15 @@ def _fake_pacs(root: Path) -> None:
                 Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(folder / f"{i}.jpg")
 
 
+def _fake_morpho_mnist(root: Path) -> None:
+    """docs/data.md's Morpho-MNIST layout: <variant>/{train,t10k}-{images-idx3,labels-idx1,pert-idx1}-ubyte.gz (gzipped IDX)."""
+    from fednorm.data.morpho_mnist_test import write_fake_morpho_mnist
+
+    write_fake_morpho_mnist(root, ("global", "local"), n_train=20, n_test=10)
+
+
 FAKE_TREES = {"cifar100": _fake_cifar100, "digits5": _fake_digits5, "tiny_imagenet": _fake_tiny_imagenet,
-              "abide": _fake_abide, "pacs": _fake_pacs,
+              "abide": _fake_abide, "pacs": _fake_pacs, "morpho_mnist": _fake_morpho_mnist,
               "office_caltech10": fake_office_caltech10, "domainnet": fake_domainnet}  # tests/_fake_image_folders.py
 
 
@@ -207,11 +214,17 @@ def _configs_for_data_not_here() -> list[str]:
     return out
 
 
+def _datasets(table) -> list[str]:
+    """The datasets a table reads: its runs' and its unseen clients' (scored after each run)."""
+    return [table.base["dataset"], *sorted({u.dataset for u in table.unseen.values()})]
+
+
 def test_every_config_for_data_not_here_has_a_fake_tree() -> None:
     inv = load_inventory()
     for name in _configs_for_data_not_here():
         table = inv.tables[name]
-        assert table.base["dataset"] in FAKE_TREES, f"{name}: add a fake tree of the files '{table.base['dataset']}' reads"
+        for dataset in _datasets(table):
+            assert dataset in FAKE_TREES, f"{name}: add a fake tree of the files '{dataset}' reads"
 
 
 @pytest.mark.slow
@@ -227,7 +240,8 @@ def test_config_for_data_not_here_trains_on_a_fake_tree_of_the_files_it_names(na
         runner.prepare_data(table, specs, source_dir=str(empty), out=tmp_path / "none")
     data = tmp_path / "data"
     data.mkdir()
-    FAKE_TREES[table.base["dataset"]](data)
+    for dataset in _datasets(table):
+        FAKE_TREES[dataset](data)
     cells = _diagonal(table)[:2]  # two rows, one round: the loader, partition and models build and train
     specs = [s for s in plan([table], scale="reduced", out=tmp_path / "out", seeds=1, data_dir=str(data),
                              overrides={"device": "cpu", "rounds": 1, "checkpoint_every": 0}) if any(c in cells for c in s.cells)]

@@ -26,7 +26,7 @@ from torch import nn
 from ..errors import ConfigError
 from .evaluation import evaluate
 
-__all__ = ["batch_norm_statistics", "averaged_state", "AdaptResult", "adapt"]
+__all__ = ["batch_norm_statistics", "averaged_state", "adapted_model", "AdaptResult", "adapt"]
 
 
 class _Stop(Exception):
@@ -136,7 +136,8 @@ class AdaptResult:
         accuracy: with statistics recomputed on the client's data (the paper's recipe).
         accuracy_averaged_stats: with the clients' averaged statistics instead (no adaptation).
         num_stat_samples, num_test: samples used for statistics and for testing.
-        source: what the new client's data is (``domain:<name>`` or ``client:<id>``).
+        source: what the new client's data is (``domain:<name>``, ``client:<id>``, or ``dataset:<name>`` for
+            another dataset: ``fednorm.evaluation.unseen``).
         new_client: False when the run trained on this data: a client of the run, or a domain
             some client held (then the accuracy is not a new client's, and ``note`` says so).
         note: why the result is not a new client's, else empty.
@@ -176,6 +177,25 @@ class AdaptResult:
         return (f"{self.method} on {who} ({self.source}): test accuracy {pct(self.accuracy)} with its own BN "
                 f"statistics ({self.num_stat_samples} samples), {pct(self.accuracy_averaged_stats)} with the clients' "
                 f"averaged statistics; {self.num_test} test samples" + (f" ({self.note})" if self.note else ""))
+
+
+def adapted_model(sim: Any, x: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor, *, batch_size: int = 1024
+                  ) -> tuple[nn.Module, float, float, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """The recipe on a loaded simulation ``sim``: the global state with every local tensor averaged
+    over the clients (:func:`averaged_state`), BN statistics recomputed on the new client's
+    inputs ``x`` (:func:`batch_norm_statistics`); scored on ``(xt, yt)`` before and after.
+
+    Returns:
+        ``(model, accuracy with the averaged statistics, accuracy with the new ones, statistics)``;
+        the accuracies are NaN without test samples.
+    """
+    x, xt, yt = x.to(sim.device, sim.dtype), xt.to(sim.device, sim.dtype), yt.to(sim.device)
+    state = averaged_state(sim.global_state, sim.bank.state_dict(), sim.method.local_keys)
+    model = sim.global_model(state)
+    before = evaluate(model, xt, yt, batch_size=batch_size).accuracy if len(xt) else math.nan
+    stats = batch_norm_statistics(model, x, batch_size=batch_size)
+    after = evaluate(model, xt, yt, batch_size=batch_size).accuracy if len(xt) else math.nan
+    return model, before, after, stats
 
 
 def _clients_of_domain(sim: Any, domain: str) -> list[int]:
@@ -272,12 +292,7 @@ def adapt(
         x, xt, yt = sim.data.train_x[ix], sim.data.test_x[sim.data.client_test[client]], sim.data.test_y[sim.data.client_test[client]]
         source = f"client:{client}"
         trained, note = [client], ""  # a client of the run, from its own split (docs/fedbn.md): asked for as such
-    x, xt, yt = x.to(sim.device, sim.dtype), xt.to(sim.device, sim.dtype), yt.to(sim.device)
-    state = averaged_state(sim.global_state, sim.bank.state_dict(), sim.method.local_keys)
-    model = sim.global_model(state)
-    before = evaluate(model, xt, yt, batch_size=batch_size).accuracy if len(xt) else math.nan
-    stats = batch_norm_statistics(model, x, batch_size=batch_size)
-    after = evaluate(model, xt, yt, batch_size=batch_size).accuracy if len(xt) else math.nan
+    model, before, after, stats = adapted_model(sim, x, xt, yt, batch_size=batch_size)
     result = AdaptResult(
         accuracy=after, accuracy_averaged_stats=before, num_stat_samples=len(x), num_test=len(xt), source=source,
         method=cfg.method, new_client=not trained, note=note, statistics=stats,

@@ -34,11 +34,12 @@ from ..errors import ConfigError
 from .runner import RECORD_NAME, RunSpec, config_differences, data_missing_file, git_info, plan
 from ..engine.last_rounds import last_rounds_mean  # one meaning of last-10 everywhere (issue 50)
 from ..engine.validation import best_index, client_selection  # the selection summary.json records
+from ..evaluation.unseen import read_unseen  # unseen:<name> columns: clients that never trained (FedBN App. G)
 from .report_markdown import markdown
 from .report_plots import plot_table
 from .suite import STATS, PaperStatistic, Table
 
-__all__ = ["run_metrics", "series", "summarize", "welch", "paired", "stuck_curve", "STUCK_SHARE", "last_rounds_mean", "best_validation_value", "paper_statistic_value", "ordering", "collect",
+__all__ = ["run_metrics", "series", "unseen_series", "summarize", "welch", "paired", "stuck_curve", "STUCK_SHARE", "last_rounds_mean", "best_validation_value", "paper_statistic_value", "ordering", "collect",
            "write_report"]
 
 def _read_json(path: Path) -> Any:
@@ -84,6 +85,16 @@ def series(history: Sequence[Mapping[str, Any]], metric: str, sources: Sequence[
         if value is not None and isinstance(value, (int, float)) and math.isfinite(value):
             out.append((int(rec.get("round", len(out) + 1)), 100.0 * float(value)))
     return out
+
+
+def unseen_series(run_dir: Path, metric: str) -> list[tuple[int, float]]:
+    """``unseen:<name>``: ``[(round, accuracy in %)]`` of the run's ``unseen.json`` entry (the
+    accuracy of a client that never trained, scored once the run finished), or ``[]``."""
+    entry = read_unseen(run_dir).get(metric.split(":", 1)[1]) or {}
+    value = entry.get("accuracy")
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or entry.get("round") is None:
+        return []
+    return [(int(entry["round"]), 100.0 * float(value))]
 
 
 STUCK_SHARE = 0.99
@@ -238,7 +249,8 @@ def run_metrics(run_dir: str | Path, metric: str) -> dict[str, Any]:
     record = _read_json(run_dir / RECORD_NAME) or {}
     saved = _saved_config(run_dir)
     history = _read_metrics(run_dir)
-    curve = series(history, metric, summary.get("client_sources"))
+    curve = (unseen_series(run_dir, metric) if metric.startswith("unseen:")
+             else series(history, metric, summary.get("client_sources")))
     values = [v for _, v in curve]
     last = (record.get("invocations") or [{}])[-1]
     final_round = int(summary["rounds"]) if summary.get("rounds") else (curve[-1][0] if curve else 0)

@@ -73,6 +73,10 @@ def _table_markdown(t: Mapping[str, Any], out: Path) -> list[str]:
     descs = [METRIC_LABEL.get(m, m) for m in metrics if not m.startswith("client:")]
     if any(m.startswith("client:") for m in metrics):
         descs.insert(0, "per data-source columns: the accuracy of the client holding that source on its own test split")
+    if any(m.startswith("unseen:") for m in metrics):
+        descs = [d for d in descs if not d.startswith("unseen:")]
+        descs.insert(0, "unseen-client columns: after the last round, the test accuracy on a dataset no client trained on, "
+                        "with the clients' averaged weights and BN statistics computed on its own training images (FedBN App. G)")
     mdesc = "; ".join(descs)
     val_text = ("best-val: at the round of the best mean validation accuracy (each client's validation split, held out "
                 "of its training data), n/a for a run without one. " if "best_val" in t["compare"] else "")

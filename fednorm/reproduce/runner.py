@@ -16,6 +16,7 @@ time, status.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -74,6 +75,9 @@ class RunSpec:
     paper_rounds: int
     extra_tests: list[str] = field(default_factory=list)
     """Test-set files (data folder) a finished full-scale run is also scored on (``fednorm evaluate``)."""
+    unseen: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Clients that never trained a finished run is scored on (the table's ``unseen:``, as
+    ``{name: {dataset, dataset_args, num_samples}}``), into ``unseen.json``."""
 
     def describe(self) -> str:
         return f"{self.table} {self.label} seed {self.seed}"
@@ -181,7 +185,8 @@ def plan(
                     cfg["out"] = str(run_dir)
                     label = f"{table.row(row_id).label} | {table.column(col_id).label}" if run_id != row_id else table.row(row_id).label
                     spec = RunSpec(table.paper, table.id, run_id, seed, scale, cfg, run_dir, [(row_id, col_id)], label,
-                                   table.paper_rounds(row_id, col_id), list(table.extra_tests) if scale == "full" else [])
+                                   table.paper_rounds(row_id, col_id), list(table.extra_tests) if scale == "full" else [],
+                                   {name: dataclasses.asdict(u) for name, u in table.unseen.items()})
                     by_config[key] = spec
                     keyed.append(((t_index, seed - base_seed, c_index, r_index), spec))
         specs += [s for _, s in sorted(keyed, key=lambda item: item[0])]
@@ -289,6 +294,10 @@ def prepare_data(table: Table, specs: Sequence[RunSpec], *, source_dir: str | No
                 test = load_dataset(dataset, spec.config.get("data_dir"), train=False, download=download)
                 if getattr(test, "domains", None) is not None:  # a multi-source set may hold fewer sources than the table needs
                     _check_partition(table, spec)
+            for unseen in table.unseen.values():  # the clients scored after the runs: their files before any training
+                dataset = unseen.dataset
+                for train in (True, False):
+                    load_dataset(dataset, spec.config.get("data_dir"), train=train, **unseen.dataset_args)
     except DatasetError as exc:
         message = (f"{table.paper}/{table.id} needs '{dataset}': {exc} Pass --data-dir DIR (or set $FEDNORM_DATA) to the "
                    f"folder holding the files" + ("" if download else ", or --download where there is a network") + ".")
@@ -435,6 +444,7 @@ def finish_invocation(spec: RunSpec, action: str, base: Mapping[str, Any], resul
     status, rounds = str(summary.get("status")), summary.get("rounds")
     if status == "completed":
         _score_extra_tests(spec)
+        _score_unseen(spec)
     _append_record(spec, {**base, "status": status, "rounds": rounds, "wall_seconds": round(wall, 3)})
     return Outcome(str(spec.dir), action, status, rounds, wall, summary, error, extra=dict(extra or {}), stop_signal=stop_signal)
 
@@ -449,6 +459,15 @@ def _score_extra_tests(spec: RunSpec) -> None:
         path = Path(folder) / name if folder else None
         if path is not None and path.is_file():
             evaluate_run_on(spec.dir, path)
+
+
+def _score_unseen(spec: RunSpec) -> None:
+    """A finished run scored on each client that never trained (FedBN App. G), into unseen.json."""
+    from ..evaluation.unseen import adapt_run_to_dataset
+
+    for name, u in spec.unseen.items():
+        adapt_run_to_dataset(spec.dir, u["dataset"], dataset_args=u.get("dataset_args"), name=name,
+                             num_samples=u.get("num_samples"))
 
 
 def states(specs: Iterable[RunSpec]) -> list[tuple[RunSpec, RunState]]:

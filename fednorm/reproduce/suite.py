@@ -37,6 +37,16 @@ number lives in Python::
       note: ...                   #   optional
     settings:                     # every setting where our run differs from the paper, or the paper from its code
       - {setting: ..., paper: ..., code: ..., ours: ..., effect: ..., source: "paper, Sec. ...", option: ...}
+    unseen:                       # clients that never trained, each scored after a run finishes (FedBN App. G):
+      morpho_global:              #   a column's metric "unseen:morpho_global" reads it
+        dataset: morpho_mnist     #   a registered dataset, read from the run's data folder
+        dataset_args: {variant: global}
+        num_samples: 743          #   training images its BN statistics are computed on (seeded draw; default all)
+
+An ``unseen:<name>`` column is the accuracy, after the last round, of a client that never trained and
+holds the ``unseen`` entry's dataset: the clients' averaged weights (FedBN: the averaged BN affine) with
+BN statistics computed on its own training images (:mod:`fednorm.evaluation.unseen`, recorded in the
+run's ``unseen.json``); one value per run, so its final, best and the paper's ``final`` agree.
 
 A cell may name its own ``statistic:`` (one of the kinds) where the paper's number for it is another
 statistic than the table's (FBN's prose gives best-case figures beside Fig. 3a's final accuracies).
@@ -73,6 +83,7 @@ __all__ = [
     "Column",
     "Cell",
     "Table",
+    "UnseenClient",
     "configs_root",
     "list_tables",
     "load_table",
@@ -89,7 +100,8 @@ METRICS = ("test_accuracy", "mean_client_accuracy")
 ENV_CONFIGS = "FEDNORM_REPRODUCE_CONFIGS"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TABLE_KEYS = {"paper", "table", "title", "source", "claim", "metric", "compare", "seeds", "base", "reduced",
-               "rows", "columns", "cells", "notes", "extra_tests", "paper_statistic", "settings"}
+               "rows", "columns", "cells", "notes", "extra_tests", "paper_statistic", "settings", "unseen"}
+_UNSEEN_KEYS = {"dataset", "dataset_args", "num_samples"}
 _REDUCED_KEYS = {"description", "set", "data_subset", "rows", "columns", "seeds"}
 _ROW_KEYS = {"id", "label", "set", "seeds"}
 _COLUMN_KEYS = {"id", "label", "set", "metric"}
@@ -222,6 +234,16 @@ class Setting:
     """How to run the paper's or the code's choice in fednorm, where that is possible."""
 
 
+@dataclass(frozen=True)
+class UnseenClient:
+    """A client that never trained, scored on a finished run (``unseen:`` of a table file)."""
+
+    dataset: str
+    dataset_args: dict[str, Any] = field(default_factory=dict)
+    num_samples: int | None = None
+    """Training images its BN statistics are computed on (a seeded draw); None: all."""
+
+
 @dataclass
 class Table:
     """One table of a paper, loaded from its YAML file."""
@@ -245,6 +267,8 @@ class Table:
     """Test-set files (in the data folder) every finished full-scale run is also scored on (``fednorm evaluate``)."""
     paper_statistic: PaperStatistic | None = None
     settings: list[Setting] = field(default_factory=list)
+    unseen: dict[str, UnseenClient] = field(default_factory=dict)
+    """Clients that never trained, by name: scored after each run (``unseen:<name>`` columns)."""
 
     def cell(self, row: str, column: str) -> Cell:
         return self.cells.get((row, column)) or Cell(row, column)
@@ -318,9 +342,25 @@ def _check_id(value: Any, path: Path, what: str) -> str:
 
 
 def _check_metric(value: Any, path: Path, what: str) -> str:
-    if isinstance(value, str) and (value in METRICS or (value.startswith("client:") and len(value) > 7)):
+    if isinstance(value, str) and (value in METRICS or any(value.startswith(p) and len(value) > len(p) for p in ("client:", "unseen:"))):
         return value
-    raise _fail(path, f"{what} must be one of {', '.join(METRICS)} or 'client:<source>', got {value!r}")
+    raise _fail(path, f"{what} must be one of {', '.join(METRICS)}, 'client:<source>' or 'unseen:<name>', got {value!r}")
+
+
+def _parse_unseen(value: Any, path: Path) -> dict[str, UnseenClient]:
+    out = {}
+    for name, entry in _mapping(value, path, "unseen").items():
+        where = f"unseen.{_check_id(name, path, 'unseen names')}"
+        entry = _mapping(entry, path, where)
+        unknown = sorted(set(entry) - _UNSEEN_KEYS)
+        if unknown:
+            raise _fail(path, f"{where} has unknown keys {unknown}; valid: {', '.join(sorted(_UNSEEN_KEYS))}")
+        dataset = _text(entry.get("dataset"), path, f"{where}.dataset")
+        samples = _positive_int(entry.get("num_samples"), path, f"{where}.num_samples")
+        if samples is not None and samples < 2:
+            raise _fail(path, f"{where}.num_samples must be at least 2 (BN statistics need two samples), got {samples}")
+        out[name] = UnseenClient(str(dataset), _mapping(entry.get("dataset_args"), path, f"{where}.dataset_args"), samples)
+    return out
 
 
 def _check_seeds(value: Any, path: Path, what: str) -> int | None:
@@ -503,13 +543,22 @@ def load_table(path: str | Path) -> Table:
     if not isinstance(extra, list) or not all(isinstance(n, str) and n.endswith(".npz") for n in extra):
         raise _fail(path, "extra_tests must be a list of .npz file names in the data folder")
     paper_statistic = _parse_paper_statistic(spec.get("paper_statistic"), path)
+    unseen = _parse_unseen(spec.get("unseen"), path)
+    for c in columns:
+        metric = c.metric or str(spec.get("metric", ""))
+        if metric.startswith("unseen:") and metric.split(":", 1)[1] not in unseen:
+            raise _fail(path, f"column '{c.id}' reads {metric}, which the table's unseen: does not name "
+                              f"(it names: {', '.join(sorted(unseen)) or 'nothing'})")
+    if unseen and reduced.get("data_subset") is not None:
+        raise _fail(path, "unseen: clients read their dataset from the run's data folder, which reduced.data_subset "
+                          "replaces with a subset of the table's own dataset; drop one of them")
     for (rid, cid), cell in cells.items():
         if cell.statistic is not None:
             if paper_statistic is None:
                 raise _fail(path, f"cells.{rid}.{cid}.statistic needs the table's paper_statistic (its source and cadence)")
             _check_kinds_defined(paper_statistic, (cell.statistic,), path, f"cells.{rid}.{cid}.statistic")
     return Table(
-        extra_tests=extra, paper_statistic=paper_statistic, settings=_parse_settings(spec.get("settings"), path),
+        extra_tests=extra, paper_statistic=paper_statistic, settings=_parse_settings(spec.get("settings"), path), unseen=unseen,
         paper=paper, id=table_id, title=str(spec.get("title", table_id)), source=str(spec.get("source", "")),
         claim=str(spec.get("claim", "")), metric=_check_metric(spec.get("metric", "test_accuracy"), path, "metric"),
         compare=compare, seeds=_check_seeds(spec.get("seeds", 1), path, "seeds") or 1,
