@@ -31,22 +31,27 @@ def _fake_digits5(root: Path) -> None:
             np.savez(root / f"{domain}_{split}.npz", x=rng.integers(0, 256, (n, 28, 28, 3), dtype=np.uint8), y=y)
 
 
-def _independent_accuracy(run_dir: Path, x_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, num_samples: int
-                          ) -> tuple[float, dict[str, torch.Tensor]]:
+def _finished_run(run_dir: Path):
+    """The run's simulation at its last checkpoint, and its state with every local tensor averaged."""
     from fednorm.config import load_config
     from fednorm.engine.checkpoint import load_latest
     from fednorm.engine.simulator import Simulation
 
-    cfg = load_config(run_dir / "config.yaml")
-    sim = Simulation(cfg)
+    sim = Simulation(load_config(run_dir / "config.yaml"))
     sim.load_state_dict(load_latest(run_dir))
     state = dict(sim.global_state)
     bank = sim.bank.state_dict()
     for key in sim.method.local_keys:  # FedBN: every BN tensor, averaged uniformly over the 5 clients
         vals = torch.stack([bank[c][key] for c in bank if key in bank[c]])
         state[key] = vals.double().mean(0).to(vals.dtype) if vals.is_floating_point() else vals.max(0).values
+    return sim, state
+
+
+def _independent_accuracy(run, x_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, num_samples: int
+                          ) -> tuple[float, dict[str, torch.Tensor]]:
+    sim, state = run
     model = sim.global_model(state).double().eval()
-    pick = np.sort(np.random.default_rng(cfg.seed).choice(len(x_train), size=num_samples, replace=False))
+    pick = np.sort(np.random.default_rng(sim.config.seed).choice(len(x_train), size=num_samples, replace=False))
 
     def inputs(x: np.ndarray) -> torch.Tensor:  # grey 28×28 -> 3 channels, (v / 255 - 0.5) / 0.5, as the digits domains
         t = torch.from_numpy(x).double().div(255).unsqueeze(1).repeat(1, 3, 1, 1)
@@ -94,13 +99,14 @@ def test_unseen_column_equals_an_independent_computation_on_the_run(tmp_path: Pa
     run_dir = specs[0].dir
     recorded = json.loads((run_dir / "unseen.json").read_text())
     assert set(recorded) == {"morpho_global", "morpho_local"}
+    run = _finished_run(run_dir)
     for name, variant in (("morpho_global", "global"), ("morpho_local", "local")):
         entry = recorded[name]
         assert (entry["round"], entry["num_stat_samples"], entry["num_test"], entry["new_client"]) == (1, 20, 20, True)
         assert entry["dataset_args"] == {"variant": variant} and entry["method"] == "fedbn"
         x_train, _, _ = written[(variant, "train")]
         x_test, y_test, _ = written[(variant, "t10k")]
-        expected, _ = _independent_accuracy(run_dir, x_train, x_test, y_test.astype(np.int64), 20)
+        expected, _ = _independent_accuracy(run, x_train, x_test, y_test.astype(np.int64), 20)
         assert entry["accuracy"] == expected
         # the report's cell for the column reads the same number, in %, as the run's final and best
         metrics = run_metrics(run_dir, f"unseen:{name}")
@@ -111,7 +117,7 @@ def test_unseen_column_equals_an_independent_computation_on_the_run(tmp_path: Pa
     result = adapt_run_to_dataset(run_dir, "morpho_mnist", dataset_args={"variant": "global"}, num_samples=12, write=False)
     x_train, _, _ = written[("global", "train")]
     x_test, y_test, _ = written[("global", "t10k")]
-    expected, stats = _independent_accuracy(run_dir, x_train, x_test, y_test.astype(np.int64), 12)
+    expected, stats = _independent_accuracy(run, x_train, x_test, y_test.astype(np.int64), 12)
     assert (result.num_stat_samples, result.accuracy) == (12, expected)
     assert set(result.statistics) == set(stats)
     for name, mean in stats.items():
