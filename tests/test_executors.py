@@ -157,3 +157,54 @@ def test_the_memory_budget_sets_how_many_clients_stack_and_not_the_results():
     small.executor._run_chunk = lambda r, ids, *a: chunks.append(len(ids)) or run_chunk(r, ids, *a)
     _assert_same(large, small)
     assert chunks == [3, 3, 1, 3, 3, 1]
+
+
+@pytest.mark.parametrize("client_opt, copies", [("fedprox", 1), ("scaffold", 1), ("moon", 2)])
+def test_a_client_optimizers_own_copies_count_in_the_memory_budget(client_opt, copies):
+    """FedProx's anchor, SCAFFOLD's correction and MOON's two frozen models are per-client copies
+    the stacked model does not hold: a budget for 3 clients of plain FedAvg holds fewer of them
+    (the 4 + copies model copies counted here, apart from fednorm.engine.stack_memory), and the
+    memory the stacked hooks hold per client, measured, is that many models (to BN's buffers)."""
+    kw = dict(dataset="digits", partition="dirichlet", alpha=0.3, num_clients=7, rounds=1, batch_size=32, lr=0.05,
+              model="mlp", norm="bn", dtype="float64", eval_every=100, executor="vectorized")
+    per_client = _client_bytes(Simulation(ExperimentConfig(**kw, stack_memory_gib=64)))
+    gib = 3.5 * per_client / 2**30
+    assert Simulation(ExperimentConfig(**kw, stack_memory_gib=gib)).executor.max_clients == 3
+    sim = Simulation(ExperimentConfig(**kw, stack_memory_gib=gib, client_opt=client_opt))
+    assert sim.executor.max_clients == int(3.5 * 4 // (4 + copies))
+
+    # what the hooks hold at their first chunk of 1 and of 2 clients, counted from their tensors
+    def tensors_of(value, out: dict) -> dict:
+        if isinstance(value, torch.Tensor):
+            out[id(value)] = value
+        elif isinstance(value, torch.nn.Module):
+            out.update({id(t): t for t in value.state_dict().values()})
+        elif isinstance(value, dict):
+            for v in value.values():
+                tensors_of(v, out)
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                tensors_of(v, out)
+        return out
+
+    def first_chunk_holds(chunk: int) -> int:
+        run = Simulation(ExperimentConfig(**kw, client_opt=client_opt))
+        run.executor.max_clients = chunk
+        opt, held = run.method.client_opt, []
+        begin = opt.stacked_begin
+
+        def measure(ctx):
+            begin(ctx)
+            if not held:
+                assert len(ctx) == chunk
+                held.append(sum(t.numel() * t.element_size() for t in tensors_of(list(opt.__dict__.values()), {}).values()))
+
+        opt.stacked_begin = measure
+        for _ in run.rounds():
+            pass
+        return held[0]
+
+    per_client_held = first_chunk_holds(2) - first_chunk_holds(1)  # what a client adds (shared copies cancel)
+    model_bytes = per_client // 4
+    # FedProx and SCAFFOLD copy the parameters only (not BN's statistics): just under the models
+    assert copies * model_bytes * 0.9 <= per_client_held <= copies * model_bytes, (per_client_held, model_bytes)

@@ -2,9 +2,10 @@
 
 A stacked model of K clients holds, for each client, its parameters and buffers, their
 gradients, the optimiser's momentum and one more copy (the state it was loaded from or is
-written back to): about :data:`COPIES_PER_CLIENT` × the model's bytes. The executor therefore
-trains at most ``budget // (4 × model bytes)`` clients together (and at most
-``max_parallel_clients``), in chunks of that size. Activations and workspace are not counted:
+written back to): about :data:`COPIES_PER_CLIENT` × the model's bytes, and a client optimizer's
+own copies on top (``ClientOptimizer.stacked_copies``: FedProx and SCAFFOLD 1, MOON 2). The
+executor therefore trains at most ``budget // ((4 + extra) × model bytes)`` clients together (and
+at most ``max_parallel_clients``), in chunks of that size. Activations and workspace are not counted:
 they are what the memory outside the budget is for.
 
 The budget is the config field ``stack_memory_gib`` (GiB, 2**30 bytes). Left at ``None`` it is
@@ -45,9 +46,10 @@ def model_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 
-def client_bytes(model: nn.Module) -> int:
-    """What one client costs a stacked model of ``model`` (at least 1)."""
-    return max(1, COPIES_PER_CLIENT * model_bytes(model))
+def client_bytes(model: nn.Module, extra_copies: int = 0) -> int:
+    """What one client costs a stacked model of ``model`` (at least 1), with ``extra_copies`` more
+    copies of its state held per client (a client optimizer's)."""
+    return max(1, (COPIES_PER_CLIENT + extra_copies) * model_bytes(model))
 
 
 def stack_budget(gib: float | None, device: torch.device | str) -> int:
@@ -61,9 +63,9 @@ def stack_budget(gib: float | None, device: torch.device | str) -> int:
     return DEFAULT_BUDGET
 
 
-def clients_that_fit(model: nn.Module, budget: int) -> int:
+def clients_that_fit(model: nn.Module, budget: int, extra_copies: int = 0) -> int:
     """How many clients of ``model`` a stacked model within ``budget`` bytes holds (at least 1)."""
-    return max(1, budget // client_bytes(model))
+    return max(1, budget // client_bytes(model, extra_copies))
 
 
 def gib_needed(clients: int, per_client: int) -> float:
@@ -74,16 +76,18 @@ def gib_needed(clients: int, per_client: int) -> float:
     return math.ceil(need / scale) * scale
 
 
-def lockstep_overflow(method: str, clients: int, max_parallel: int, budget: int, per_client: int) -> str:
+def lockstep_overflow(method: str, clients: int, max_parallel: int, budget: int, per_client: int,
+                      copies: int = COPIES_PER_CLIENT) -> str:
     """The error for a lockstep method whose ``clients`` do not fit in one stacked model: which
-    limit holds them back (``max_parallel_clients``, ``stack_memory_gib``) and what would do."""
+    limit holds them back (``max_parallel_clients``, ``stack_memory_gib``) and what would do
+    (``copies``: the model copies ``per_client`` counts)."""
     fit = min(max_parallel, max(1, budget // per_client))
     why = []
     if max_parallel < clients:
         why.append(f"max_parallel_clients is {max_parallel}; set it to at least {clients}")
     if budget // per_client < clients:
         why.append(f"the stacked model's memory budget (stack_memory_gib) is {budget / GIB:.3g} GiB and one client takes "
-                   f"{per_client / GIB:.3g} GiB ({COPIES_PER_CLIENT} × the model's bytes); set stack_memory_gib to at least "
+                   f"{per_client / GIB:.3g} GiB ({copies} × the model's bytes); set stack_memory_gib to at least "
                    f"{gib_needed(clients, per_client):.3g} on a device with that much memory to spare")
     return (f"method '{method}' synchronises all {clients} clients of a round in one stacked model, but at most {fit} fit: "
             + "; ".join(why))

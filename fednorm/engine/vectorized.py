@@ -51,7 +51,7 @@ from .feed import StepFeed, crop_rows, crop_source, to_device
 from .local import LocalSpec, batch_plan, train_local
 from .lockstep import scale_client_grads, synced_loss
 from .rng import derive_seed, torch_generator
-from .stack_memory import client_bytes, clients_that_fit, lockstep_overflow, stack_budget
+from .stack_memory import COPIES_PER_CLIENT, client_bytes, clients_that_fit, lockstep_overflow, stack_budget
 
 __all__ = ["VectorizedExecutor", "vectorization_blockers"]
 
@@ -134,8 +134,10 @@ class VectorizedExecutor(Executor):
         # (fednorm/engine/stack_memory.py).
         self.memory_budget = stack_budget(None, data.train_x.device) if memory_budget is None else memory_budget
         self.max_parallel = max_clients
-        self.client_bytes = client_bytes(model)
-        self.max_clients = min(max_clients, clients_that_fit(model, self.memory_budget))
+        extra = getattr(getattr(method, "client_opt", None), "stacked_copies", 0)
+        self.client_copies = COPIES_PER_CLIENT + extra  # model copies one client costs (a client optimizer's too)
+        self.client_bytes = client_bytes(model, extra)
+        self.max_clients = min(max_clients, clients_that_fit(model, self.memory_budget, extra))
         self._stacked: dict[int, nn.Module] = {}
         # Where the other clients of a synchronised step are: this chunk only, or other processes too
         # (fednorm.distributed sets DistributedClientComm).
@@ -302,7 +304,7 @@ class VectorizedExecutor(Executor):
         self.last_traffic = CommTraffic()
         if self.method.requires_lockstep and len(client_ids) > self.max_clients:
             raise ConfigError(lockstep_overflow(self.method.name, len(client_ids), self.max_parallel, self.memory_budget,
-                                                self.client_bytes))
+                                                self.client_bytes, self.client_copies))
         for start in range(0, len(client_ids), self.max_clients):
             end = start + self.max_clients
             chunk_lr = lr if isinstance(lr, (int, float)) else list(lr)[start:end]

@@ -88,6 +88,10 @@ class ClientOptimizer:
     uses_end: ClassVar[bool] = False
     uses_gradient: ClassVar[bool] = False
     stacked: ClassVar[bool] = False
+    #: Model-sized copies per client that the stacked hooks hold beside the stacked model's own
+    #: (FedProx's anchor, SCAFFOLD's correction, MOON's global and previous models): the
+    #: vectorized executor's memory budget counts them (:mod:`fednorm.engine.stack_memory`).
+    stacked_copies: ClassVar[int] = 0
     #: Whether the stacked hooks keep nothing of one run's server state (each row's anchor, labels,
     #: features and gradients come from the chunk), so several runs' clients may share a chunk
     #: (:mod:`fednorm.engine.stacked_runs`), or read each row's own run's server state through
@@ -183,6 +187,7 @@ class FedProx(ClientOptimizer):
     uses_begin = True
     uses_loss = True
     stacked = True
+    stacked_copies = 1  # the anchor: each client's start parameters
     stacks_across_runs = True  # the anchor is each row's own start
 
     def __init__(self, mu: float = 0.01) -> None:
@@ -259,6 +264,7 @@ class Scaffold(ClientOptimizer):
     uses_loss = True
     uses_end = True
     stacked = True
+    stacked_copies = 1  # the correction c - c_i of each client's parameters
     stacks_across_runs = True  # each row's c from its own run (peer), its lr and start from the chunk
 
     def __init__(self, momentum_aware: bool = True) -> None:
@@ -399,6 +405,7 @@ class Moon(ClientOptimizer):
     uses_loss = True
     uses_end = True
     stacked = True
+    stacked_copies = 2  # the frozen global and previous models of every client
     stacks_across_runs = True  # its frozen models start from each row's own start and previous model
 
     def __init__(self, mu: float = 1.0, temperature: float = 0.5) -> None:
