@@ -66,11 +66,14 @@ def test_table5_pretrained_rows_name_torchvisions_checkpoints_and_scratch_rows_n
             assert path == "${FEDNORM_WEIGHTS}/" + TORCHVISION_WEIGHTS[fields["model"]].rsplit("/", 1)[1]
 
 
-@pytest.mark.slow
 # the Office-Caltech10 configs only: the DomainNet ones share their model, methods and the domains
 # partition, and tests/test_reproduce_coverage.py trains two cells of each of them on its fake tree
+# (and leaves these two to this test: its TRAINED_ELSEWHERE)
+FAKE_TREE_CONFIGS = [("fedbn/table1_office", fake_office_caltech10), ("fedtan/fig8", fake_office_caltech10)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name,fake", [("fedbn/table1_office", fake_office_caltech10), ("fedtan/fig8", fake_office_caltech10)])
+@pytest.mark.parametrize("name,fake", FAKE_TREE_CONFIGS)
 def test_feature_shift_config_trains_one_round_on_a_fake_tree(name: str, fake, tmp_path: Path) -> None:
     table = load_table(configs_root() / f"{name}.yaml")
     data = tmp_path / "data"
