@@ -18,6 +18,7 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from . import yaml_io
 from .config_roles import FIELD_ROLES, USER_DATA_NOT_APPLICABLE, is_user_name
 from .errors import ConfigError
 
@@ -167,7 +168,7 @@ class ExperimentConfig(BaseModel):
     def _parse_input_norm(cls, value: Any) -> Any:
         if isinstance(value, str) and value.strip().startswith("{"):  # from the command line: a YAML mapping
             try:
-                return yaml.safe_load(value)
+                return yaml_io.safe_load(value)
             except yaml.YAMLError as exc:
                 raise ValueError(f"input_norm is not a YAML mapping: {exc}") from None
         return value
@@ -557,7 +558,7 @@ def load_config(
             raise ConfigError(f"config file not found: {p}")
         try:
             with open(p, encoding="utf-8") as stream:  # a file stream, so YAML errors name the file
-                loaded = yaml.safe_load(stream)
+                loaded = yaml_io.safe_load(stream)
         except UnicodeDecodeError as exc:
             raise ConfigError(f"config file {p} is not UTF-8 text: {exc}") from None
         except yaml.YAMLError as exc:

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from .. import yaml_io
 from ..config import ExperimentConfig
 from ..config_roles import RECORDED_FIELDS
 from ..errors import ConfigError
@@ -65,7 +66,7 @@ def _int_list(text: str) -> list[int]:
 
 def _mapping(text: str) -> dict[str, Any]:
     try:
-        value = yaml.safe_load(text)
+        value = yaml_io.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)  # yaml's full message quotes the text twice, with carets
         where = f" at column {mark.column + 1}" if mark is not None else ""

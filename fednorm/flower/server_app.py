@@ -26,6 +26,7 @@ import yaml
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from .. import yaml_io
 from ..api import RunResult, run
 from ..config import ExperimentConfig, load_config
 from ..errors import ConfigError
@@ -53,7 +54,7 @@ def parse_overrides(run_config: Mapping[str, Any]) -> dict[str, Any]:
     text = str(run_config.get("overrides") or "").strip()
     if not text:
         return {}
-    loaded = yaml.safe_load(text)
+    loaded = yaml_io.safe_load(text)
     if not isinstance(loaded, dict):
         raise ConfigError(f"run config 'overrides' must be a YAML/JSON mapping, got {text!r}")
     return loaded

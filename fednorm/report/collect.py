@@ -19,6 +19,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from .. import yaml_io
 from ..config_roles import NOT_RESULT_FIELDS
 from ..errors import ConfigError
 from ..seeds import SeedStats, summarize_seeds
@@ -94,7 +95,7 @@ def _why_not(d: Path) -> str | None:
     for name in ("summary.json", "config.yaml"):
         try:
             text = (d / name).read_text()
-            value = json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
+            value = json.loads(text) if name.endswith(".json") else yaml_io.safe_load(text)
         except (OSError, ValueError, yaml.YAMLError) as exc:
             problem = " ".join(str(getattr(exc, "problem", None) or getattr(exc, "msg", None) or exc).split())[:80]
             fix = (f"`fednorm run --resume {d}` writes it again from the run's last checkpoint" if name == "summary.json"
@@ -111,7 +112,7 @@ def _read_run_or_say_why(d: Path) -> Run:
     why = _why_not(d)
     if why is not None:
         raise ConfigError(why)
-    config = yaml.safe_load((d / "config.yaml").read_text()) or {}
+    config = yaml_io.safe_load((d / "config.yaml").read_text()) or {}
     summary = json.loads((d / "summary.json").read_text())
     history: list[dict[str, Any]] = []
     if (d / "metrics.jsonl").is_file():

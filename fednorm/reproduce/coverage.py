@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from .. import yaml_io
 from ..errors import ConfigError
 from .runner import plan
 from .suite import PAPERS, Table, configs_root, load_table
@@ -91,7 +92,7 @@ def load_inventory(path: str | Path | None = None, root: Path | None = None) -> 
     root = configs_root() if root is None else Path(root)
     path = Path(path) if path is not None else root / "inventory.yaml"
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml_io.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read the inventory {path}: {exc}") from None
     if not isinstance(raw, Mapping) or not isinstance(raw.get("experiments"), list):

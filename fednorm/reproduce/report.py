@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from .. import yaml_io
 from ..config import load_config
 from ..errors import ConfigError
 from .runner import RECORD_NAME, RunSpec, config_differences, data_missing_file, git_info, plan
@@ -128,7 +129,7 @@ def _saved_config(run_dir: Path) -> dict[str, Any]:
     import yaml
 
     try:
-        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+        saved = yaml_io.safe_load((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
         return {}
     return saved if isinstance(saved, dict) else {}

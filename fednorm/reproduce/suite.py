@@ -68,6 +68,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from .. import yaml_io
 from ..config import ExperimentConfig, load_config
 from ..errors import ConfigError
 from .subset import check_subset_spec
@@ -475,7 +476,7 @@ def load_table(path: str | Path) -> Table:
     if not path.is_file():
         raise ConfigError(f"table config not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml_io.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     spec = _mapping(raw, path, "the file")
