@@ -149,3 +149,30 @@ def test_missing_unseen_files_stop_the_table_before_training(tmp_path: Path) -> 
     specs = plan([table], scale="reduced", out=tmp_path / "out", seeds=1, data_dir=str(data))
     with pytest.raises(DatasetError, match=r"(?s)fedbn/table17 needs 'morpho_mnist'.*global.*--data-dir"):
         runner.prepare_data(table, specs, source_dir=str(data), out=tmp_path / "out")
+
+
+def test_fednorm_adapt_dataset_scores_a_runs_model_on_another_dataset(tmp_path: Path, capsys) -> None:
+    """``fednorm adapt RUN --dataset`` is the table column's computation from the command line: a digits
+    run (8×8 grey) scored on Morpho-MNIST's fake global folder prints and records what the Python call
+    gives, under the name the dataset and its variant make; misuse stops with a one-line error."""
+    from fednorm.cli.main import main
+    from fednorm.evaluation.unseen import adapt_run_to_dataset, read_unseen
+
+    data = tmp_path / "morpho"
+    write_fake_morpho_mnist(data, variants=("global",))
+    run_dir = tmp_path / "run"
+    assert main(["run", "--dataset", "digits", "--model", "mlp", "--norm", "bn", "--method", "fedbn", "--num-clients", "3",
+                 "--rounds", "2", "--batch-size", "32", "--threads", "1", "--quiet", "--out", str(run_dir)]) == 0
+    capsys.readouterr()
+    argv = ["adapt", str(run_dir), "--dataset", "morpho_mnist", "--dataset-args", "{variant: global}",
+            "--num-samples", "12", "--data-dir", str(data)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    want = adapt_run_to_dataset(run_dir, "morpho_mnist", dataset_args={"variant": "global"}, num_samples=12,
+                                data_dir=str(data), write=False)
+    recorded = read_unseen(run_dir)["morpho_mnist_global"]
+    assert recorded["accuracy"] == want.summary()["accuracy"] and recorded["num_stat_samples"] == 12
+    assert json.loads(printed[: printed.rindex("}") + 1])["accuracy"] == want.summary()["accuracy"]
+    assert "morpho_mnist_global" in printed
+    assert main(["adapt", str(run_dir), "--client", "0", "--dataset-args", "{variant: global}"]) == 2
+    assert "--dataset-args goes with --dataset" in capsys.readouterr().err

@@ -1,12 +1,17 @@
 """``fednorm adapt RUN_DIR``: a never-trained client's model and accuracy (:mod:`fednorm.engine.adapt`), by
 FedBN's recipe for an unseen-domain client (Li et al. 2021, "FedBN", App. G): the clients' averaged
-local tensors and BN statistics of the client's own data."""
+local tensors and BN statistics of the client's own data. The client holds a domain or a client of the
+run's dataset (``--domain``, ``--client``), or another dataset with the run's classes (``--dataset``,
+:mod:`fednorm.evaluation.unseen`: FedBN Table 17's Morpho-MNIST clients of a digits run)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 from typing import Any
+
+from ..errors import ConfigError
+from .common import _mapping
 
 __all__ = ["add_parser", "command"]
 
@@ -22,14 +27,31 @@ def add_parser(sub: Any) -> None:
     who = p_adapt.add_mutually_exclusive_group(required=True)
     who.add_argument("--domain", help="a data source of the run's dataset (e.g. one left out with partition_args.sources)")
     who.add_argument("--client", type=int, help="a client id of the run")
+    who.add_argument("--dataset", help="another registered dataset with the run's classes (e.g. morpho_mnist for a "
+                     "digits run); its images are fitted to the run's input size and channels and normalised as "
+                     "the run's; accuracy on all of its test images; recorded in RUN_DIR/unseen.json")
+    p_adapt.add_argument("--dataset-args", type=_mapping, default={}, metavar="MAPPING",
+                         help="with --dataset: its options as YAML, e.g. '{variant: global}'")
     p_adapt.add_argument("--num-samples", type=int, help="at most this many training samples for the statistics "
-                         "(default: all of the domain's or the client's training samples)")
+                         "(default: all of the domain's, the client's or the dataset's training samples; "
+                         "with --dataset a draw seeded by the run's seed)")
     p_adapt.add_argument("--data-dir", help="dataset folder, if not the run's")
 
 
 def command(args: argparse.Namespace) -> int:
     import json
 
+    if args.dataset_args and args.dataset is None:
+        raise ConfigError("--dataset-args goes with --dataset")
+    if args.dataset is not None:
+        from ..evaluation.unseen import adapt_run_to_dataset
+
+        name = args.dataset + "".join(f"_{v}" for v in args.dataset_args.values() if isinstance(v, (str, int)))
+        result = adapt_run_to_dataset(args.run_dir, args.dataset, dataset_args=args.dataset_args, name=name,
+                                      num_samples=args.num_samples, data_dir=args.data_dir)
+        print(json.dumps(result.summary(), indent=2))
+        print(f"recorded as '{name}' in {args.run_dir / 'unseen.json'}")
+        return 0
     from ..engine.adapt import adapt
 
     result = adapt(args.run_dir, domain=args.domain, client=args.client, num_samples=args.num_samples, data_dir=args.data_dir)
