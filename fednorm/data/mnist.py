@@ -24,7 +24,7 @@ from .base import (
 )
 from .download import check_integrity
 
-__all__ = ["read_idx", "MNIST", "FashionMNIST"]
+__all__ = ["read_idx", "read_idx_images", "MNIST", "FashionMNIST"]
 
 
 _IDX_DTYPES = {
@@ -72,6 +72,19 @@ def read_idx(path: str | os.PathLike, ndim: int | None = None) -> np.ndarray:
 
 
 @register_dataset("mnist")
+
+def read_idx_images(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """An MNIST-format pair: uint8 images ``N×H×W`` (returned ``N×H×W×1``) and their uint8 labels
+    (returned int64), checked to match; the layout of MNIST, Fashion-MNIST and Morpho-MNIST."""
+    images = read_idx(images_path, ndim=3)
+    labels = read_idx(labels_path, ndim=1)
+    if images.dtype != np.uint8 or labels.dtype != np.uint8:
+        raise DatasetError(f"{images_path} and {labels_path} must hold uint8 IDX data (type code 0x08)")
+    if len(images) != len(labels):
+        raise DatasetError(f"{images_path} holds {len(images)} images but {labels_path} {len(labels)} labels")
+    return images[..., None], labels.astype(np.int64)
+
+
 class MNIST(ImageDataset):
     """MNIST handwritten digits (LeCun et al., 1998): 60000 train / 10000 test, 28×28.
 
@@ -148,14 +161,7 @@ class MNIST(ImageDataset):
         return None, problems
 
     def _load(self, found: _Found) -> tuple[np.ndarray, np.ndarray]:
-        images_path, labels_path = found.paths
-        images = read_idx(images_path, ndim=3)
-        labels = read_idx(labels_path, ndim=1)
-        if images.dtype != np.uint8 or labels.dtype != np.uint8:
-            raise DatasetError(f"{images_path} and {labels_path} must hold uint8 IDX data (type code 0x08)")
-        if len(images) != len(labels):
-            raise DatasetError(f"{images_path} holds {len(images)} images but {labels_path} {len(labels)} labels")
-        return images[..., None], labels.astype(np.int64)
+        return read_idx_images(*found.paths)
 
     def _advice(self) -> str:
         stems = ", ".join(f"{s}[.gz]" for s in self._stems())

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import ConfigError, DatasetError
 from .base import DatasetInfo, ImageDataset, _Found, register_dataset
-from .mnist import MNIST, read_idx
+from .mnist import MNIST, read_idx, read_idx_images
 
 __all__ = ["MorphoMNIST", "MORPHO_VARIANTS", "PERTURBATIONS"]
 
@@ -94,20 +94,15 @@ class MorphoMNIST(ImageDataset):
         return None, problems
 
     def _load(self, found: _Found) -> tuple[np.ndarray, np.ndarray]:
-        images_path, labels_path = found.paths[:2]
-        images = read_idx(images_path, ndim=3)
-        labels = read_idx(labels_path, ndim=1)
-        if images.dtype != np.uint8 or labels.dtype != np.uint8:
-            raise DatasetError(f"{images_path} and {labels_path} must hold uint8 IDX data (type code 0x08)")
-        if len(images) != len(labels):
-            raise DatasetError(f"{images_path} holds {len(images)} images but {labels_path} {len(labels)} labels")
+        images_path = found.paths[0]
+        images, labels = read_idx_images(*found.paths[:2])
         if len(found.paths) > 2:
             pert = read_idx(found.paths[2], ndim=1).astype(np.int64)
             if len(pert) != len(images) or (len(pert) and not 0 <= pert.min() <= pert.max() < len(PERTURBATIONS)):
                 raise DatasetError(f"{found.paths[2]} must hold one perturbation label in [0, {len(PERTURBATIONS)}) per image "
                                    f"of {images_path} ({len(images)}), got {len(pert)}")
             self.perturbations = pert
-        return images[..., None], labels.astype(np.int64)
+        return images, labels
 
     def _advice(self) -> str:
         split = self._split()
