@@ -24,7 +24,7 @@ The claims, as numbers (:func:`client_table`, :func:`claims`):
   parameters leads to worse solutions") against ``L_1(w̄, γ_1)`` (the average model with local BN
   "performs very well"), with the BN minimisers ``w_k*``.
 
-Constants not in the paper (spec/004_fedbn.md §1.8 and §5 row 12: choose and document): ``w_true
+Constants not in the paper (it gives none; ours follow the reproduction notes' suggestion): ``w_true
 = 2``, client stds ``σ = (1, 3)``, noise std 0.1, 1,000 points per client, fresh draws per seed;
 minimisers on a grid of step 0.001 over [0.001, 12]. Run ``python -m fednorm.analysis.fedbn_toy
 --out DIR --seeds 3`` for ``fedbn_toy.json``, ``fedbn_toy.md`` and ``fedbn_toy.png``.

@@ -1,8 +1,8 @@
 """HBN's toy (Chen et al., 2025, Sec. 3.1, Fig. 2): two 2-D clusters under local, global and hybrid normalisation.
 
-The two clusters stand for the activations of two clients (spec/000_hbn.md §4 item 11): cluster 1
-has 300 points ``N((5, 5), 0.4²·I₂)``, cluster 2 has 200 points ``N((−1, −1), 1.2²·I₂)``. Each
-scheme normalises every coordinate (a "channel") of a cluster, with no affine parameters:
+The two clusters stand for the activations of two clients (as drawn in Fig. 2 and the authors'
+README): cluster 1 has 300 points ``N((5, 5), 0.4²·I₂)``, cluster 2 has 200 points
+``N((−1, −1), 1.2²·I₂)``. Each scheme normalises every coordinate (a "channel") of a cluster, with no affine parameters:
 
 * **local** (Fig. 2b): ``nn.BatchNorm1d`` in training mode on the cluster alone (its batch
   statistics), what BN/GN/LN do on a client;
@@ -11,7 +11,7 @@ scheme normalises every coordinate (a "channel") of a cluster, with no affine pa
   :class:`~fednorm.nn.hbn.HybridBatchNorm1d` in evaluation mode;
 * **hybrid** (Fig. 2d, Eq. 9): :class:`~fednorm.nn.hbn.HybridBatchNorm1d` in training mode with
   those global statistics and a fixed batch weight ``w = sigmoid(−α)``: 0.7 for cluster 1 and 0.3
-  for cluster 2 (the spec's reading of the figure; HBN learns ``α`` per client).
+  for cluster 2 (the figure's mix; HBN learns ``α`` per client).
 
 The paper's point, as numbers (:func:`cluster_report`): local normalisation gives each cluster
 zero mean and unit variance, so the two overlap (their centres coincide: *separation* 0); global
