@@ -71,10 +71,12 @@ def _assert_same(stacked, alone):
 ], ids=lambda v: "-".join([v["method"], v["norm"], *(str(x) for x in v.get("method_args", {}).values()),
                            *(v[k] for k in ("client_opt", "server_opt") if k in v)]))
 def test_stacked_seeds_equal_the_runs_made_alone(variant, tmp_path):
-    configs = [ExperimentConfig(**{**BASE, **variant}, seed=s, out=str(tmp_path / f"s{s}")) for s in (0, 1, 2)]
+    # 2 rounds: state carried from round to round (banks, momentum, control variates) is read once; the
+    # variants at 3 rounds were most of this file's 460 s in a loaded suite run
+    configs = [ExperimentConfig(**{**BASE, "rounds": 2, **variant}, seed=s, out=str(tmp_path / f"s{s}")) for s in (0, 1, 2)]
     assert stack_blockers(configs) == []
     stacked, info = run_stacked(configs)
-    assert info["joint_rounds"] == 3 and info["separate_rounds"] == 0
+    assert info["joint_rounds"] == 2 and info["separate_rounds"] == 0
     for cfg, res in zip(configs, stacked):
         assert not isinstance(res, BaseException), res
         alone = api.run(cfg.model_copy(update={"out": None}), write=False, progress=False)
