@@ -30,8 +30,6 @@ table (``fbn_toy.json``, ``fbn_toy.md``) and the figure (``fbn_toy.png``).
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +39,7 @@ import torch
 from torch import nn
 
 from ..nn.fbn import FederatedBatchNorm1d, fbn_aggregate, fbn_local_update, recording_fbn_statistics
+from .toy_cli import toy_parser, write_toy_records
 
 __all__ = ["METHODS", "ToyResult", "class_means", "draw_round", "run_toy", "error_table", "plot_toy", "main"]
 
@@ -232,24 +231,16 @@ def plot_toy(results: Sequence[ToyResult], table: dict, path: str | Path) -> Pat
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fednorm.analysis.fbn_toy", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for fbn_toy.json, fbn_toy.md and fbn_toy.png")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default: 3)")
+    parser = toy_parser("fbn_toy", __doc__)
     parser.add_argument("--rounds", type=int, default=100, help="rounds (default: the paper's 100)")
     parser.add_argument("--gammas", type=str, default=",".join(f"{g:g}" for g in GAMMAS), help="comma-separated γ levels")
-    parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
     gammas = [float(g) for g in args.gammas.split(",")]
     seeds = list(range(args.seeds))
     table = error_table(gammas, seeds, rounds=args.rounds)
-    table["command"] = "python -m fednorm.analysis.fbn_toy " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fbn_toy.json").write_text(json.dumps(table, indent=1) + "\n")
-    (args.out / "fbn_toy.md").write_text(_markdown(table))
-    if not args.no_plot and 0.0 in gammas:
-        plot_toy([run_toy(g, seed=seeds[0], rounds=args.rounds) for g in gammas], table, args.out / "fbn_toy.png")
-    print(_markdown(table), end="")
-    return 0
+    plot = None if args.no_plot or 0.0 not in gammas else \
+        (lambda path: plot_toy([run_toy(g, seed=seeds[0], rounds=args.rounds) for g in gammas], table, path))
+    return write_toy_records("fbn_toy", args.out, table, _markdown, plot, argv)
 
 
 if __name__ == "__main__":

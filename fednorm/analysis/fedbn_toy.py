@@ -32,15 +32,14 @@ minimisers on a grid of step 0.001 over [0.001, 12]. Run ``python -m fednorm.ana
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from .toy_cli import toy_parser, write_toy_records
 
 __all__ = ["READINGS", "ToyData", "draw_clients", "error", "error_curve", "curvature", "basin", "client_table",
            "claims", "toy_table", "plot_toy", "main"]
@@ -262,20 +261,10 @@ def plot_toy(seed: int, path: str | Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fednorm.analysis.fedbn_toy", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for fedbn_toy.json, fedbn_toy.md and fedbn_toy.png")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default: 3)")
-    parser.add_argument("--no-plot", action="store_true")
-    args = parser.parse_args(argv)
+    args = toy_parser("fedbn_toy", __doc__).parse_args(argv)
     table = toy_table(list(range(args.seeds)))
-    table["command"] = "python -m fednorm.analysis.fedbn_toy " + " ".join(argv if argv is not None else sys.argv[1:])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fedbn_toy.json").write_text(json.dumps(table, indent=1) + "\n")
-    (args.out / "fedbn_toy.md").write_text(_markdown(table))
-    if not args.no_plot:
-        plot_toy(0, args.out / "fedbn_toy.png")
-    print(_markdown(table), end="")
-    return 0
+    plot = None if args.no_plot else (lambda path: plot_toy(0, path))
+    return write_toy_records("fedbn_toy", args.out, table, _markdown, plot, argv)
 
 
 if __name__ == "__main__":

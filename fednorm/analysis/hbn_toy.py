@@ -29,10 +29,7 @@ for ``hbn_toy.json``, ``hbn_toy.md`` and ``hbn_toy.png``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -42,6 +39,7 @@ from torch import nn
 
 from ..nn.functional import pooled_stats
 from ..nn.hbn import HybridBatchNorm1d, batch_moments
+from .toy_cli import toy_parser, write_toy_records
 
 __all__ = ["SCHEMES", "Cluster", "CLUSTERS", "draw_clusters", "global_statistics", "normalise", "cluster_report",
            "toy_table", "plot_toy", "main"]
@@ -195,20 +193,10 @@ def plot_toy(points: Sequence[torch.Tensor], path: str | Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fednorm.analysis.hbn_toy", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for hbn_toy.json, hbn_toy.md and hbn_toy.png")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default: 3)")
-    parser.add_argument("--no-plot", action="store_true")
-    args = parser.parse_args(argv)
+    args = toy_parser("hbn_toy", __doc__).parse_args(argv)
     table = toy_table(list(range(args.seeds)))
-    table["command"] = "python -m fednorm.analysis.hbn_toy " + " ".join(argv if argv is not None else sys.argv[1:])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "hbn_toy.json").write_text(json.dumps(table, indent=1) + "\n")
-    (args.out / "hbn_toy.md").write_text(_markdown(table))
-    if not args.no_plot:
-        plot_toy(draw_clusters(0), args.out / "hbn_toy.png")
-    print(_markdown(table), end="")
-    return 0
+    plot = None if args.no_plot else (lambda path: plot_toy(draw_clusters(0), path))
+    return write_toy_records("hbn_toy", args.out, table, _markdown, plot, argv)
 
 
 if __name__ == "__main__":
