@@ -71,8 +71,6 @@ def read_idx(path: str | os.PathLike, ndim: int | None = None) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
 
 
-@register_dataset("mnist")
-
 def read_idx_images(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.ndarray]:
     """An MNIST-format pair: uint8 images ``N×H×W`` (returned ``N×H×W×1``) and their uint8 labels
     (returned int64), checked to match; the layout of MNIST, Fashion-MNIST and Morpho-MNIST."""
@@ -85,6 +83,7 @@ def read_idx_images(images_path: Path, labels_path: Path) -> tuple[np.ndarray, n
     return images[..., None], labels.astype(np.int64)
 
 
+@register_dataset("mnist")
 class MNIST(ImageDataset):
     """MNIST handwritten digits (LeCun et al., 1998): 60000 train / 10000 test, 28×28.
 
