@@ -174,5 +174,9 @@ def test_fednorm_adapt_dataset_scores_a_runs_model_on_another_dataset(tmp_path: 
     assert recorded["accuracy"] == want.summary()["accuracy"] and recorded["num_stat_samples"] == 12
     assert json.loads(printed[: printed.rindex("}") + 1])["accuracy"] == want.summary()["accuracy"]
     assert "morpho_mnist_global" in printed
+    # scoring again says which entry it replaces, never silently
+    assert main([*argv[:-4], "--num-samples", "20", *argv[-2:]]) == 0
+    assert f"replacing the earlier entry (accuracy {recorded['accuracy']}, num_samples 12)" in capsys.readouterr().out
+    assert read_unseen(run_dir)["morpho_mnist_global"]["num_samples"] == 20
     assert main(["adapt", str(run_dir), "--client", "0", "--dataset-args", "{variant: global}"]) == 2
     assert "--dataset-args goes with --dataset" in capsys.readouterr().err

@@ -46,11 +46,16 @@ def command(args: argparse.Namespace) -> int:
     if args.dataset is not None:
         from ..evaluation.unseen import adapt_run_to_dataset
 
+        from ..evaluation.unseen import read_unseen
+
         name = args.dataset + "".join(f"_{v}" for v in args.dataset_args.values() if isinstance(v, (str, int)))
+        earlier = read_unseen(args.run_dir).get(name)
         result = adapt_run_to_dataset(args.run_dir, args.dataset, dataset_args=args.dataset_args, name=name,
                                       num_samples=args.num_samples, data_dir=args.data_dir)
         print(json.dumps(result.summary(), indent=2))
-        print(f"recorded as '{name}' in {args.run_dir / 'unseen.json'}")
+        print(f"recorded as '{name}' in {args.run_dir / 'unseen.json'}"
+              + (f", replacing the earlier entry (accuracy {earlier.get('accuracy')}, num_samples {earlier.get('num_samples')})"
+                 if earlier else ""))
         return 0
     from ..engine.adapt import adapt
 
