@@ -827,6 +827,71 @@ def test_a_killed_suite_leaves_the_invocation_it_started(tiny_configs: Path, tmp
     assert "commit" in inv
 
 
+def test_the_next_invocation_closes_a_killed_ones_entry(tiny_configs: Path, tmp_path: Path) -> None:
+    """A suite killed outright leaves its entry ``running``; the invocation that resumes the run
+    completes it with what the killed one kept: the rounds of the checkpoint it resumes from and the
+    engine's time to that round, read here from the metrics before the resume."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from fednorm.engine.checkpoint import saved_round
+
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "fednorm", "reproduce", "hbn", "--configs", str(tiny_configs), "--table", "tiny",
+            "--scale", "reduced", "--rows", "a", "--columns", "x", "--quiet", "--no-plots", "--out", str(out)]
+    proc = subprocess.Popen([*args, "--rounds", "100000"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not any(p.read_text().count("\n") >= 5 for p in out.rglob("metrics.jsonl")):  # a checkpoint at round 4
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    (run,) = [p.parent for p in out.rglob(runner.RECORD_NAME)]
+    reached = saved_round(run)
+    assert reached is not None and reached >= 4
+    walls = {r["round"]: r["wall_seconds"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    done = subprocess.run([*args, "--rounds", str(reached + 2)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    record = json.loads((run / runner.RECORD_NAME).read_text())
+    killed, resumed = record["invocations"]
+    assert killed["pid"] == proc.pid and killed["status"] == "killed" and killed["rounds"] == reached
+    assert killed["wall_seconds"] == pytest.approx(walls[reached], abs=1e-3) and killed["wall_seconds"] > 0
+    assert resumed["action"] == "resume" and resumed["status"] == "completed" and resumed["rounds"] == reached + 2
+    assert record["wall_seconds"] == pytest.approx(killed["wall_seconds"] + resumed["wall_seconds"])
+
+
+def test_only_the_latest_killed_entry_gets_the_runs_rounds(tmp_path: Path) -> None:
+    """Two killed entries in a row (a record from before entries were closed): the older one was
+    followed by another invocation, so its rounds are unknown; the latest kept the run up to its
+    checkpoint, from where its predecessor left it. A killed worker timed by its parent keeps that time."""
+    from fednorm.engine.checkpoint import save_checkpoint
+
+    save_checkpoint(tmp_path, {"server_round": 30})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "wall_seconds": 1.5 * r}) + "\n"
+                                                    for r in range(10, 41, 10)))
+    invs = [{"action": "new", "status": "completed", "rounds": 10, "wall_seconds": 15.0, "pid": 1},
+            {"action": "extend", "status": "running", "rounds": None, "wall_seconds": 0.0, "pid": 2},
+            {"action": "resume", "status": "running", "rounds": None, "wall_seconds": 0.0, "pid": 3}]
+    runner.close_interrupted(tmp_path, invs, current_pid=4)
+    assert invs[0]["status"] == "completed" and invs[0]["rounds"] == 10
+    assert invs[1]["status"] == "killed" and invs[1]["rounds"] is None and invs[1]["wall_seconds"] is None
+    # the latest: its predecessor's rounds are unknown, so where it started is too
+    assert invs[2]["status"] == "killed" and invs[2]["rounds"] is None and invs[2]["wall_seconds"] is None
+    invs = [{"action": "new", "status": "completed", "rounds": 10, "wall_seconds": 15.0, "pid": 1},
+            {"action": "extend", "status": "running", "rounds": None, "wall_seconds": 0.0, "pid": 2}]
+    runner.close_interrupted(tmp_path, invs, current_pid=4)
+    assert invs[1]["status"] == "killed" and invs[1]["rounds"] == 30 and invs[1]["wall_seconds"] == pytest.approx(1.5 * 20)
+    timed = [{"action": "new", "status": "killed", "rounds": None, "wall_seconds": 7.0, "pid": 5}]
+    runner.close_interrupted(tmp_path, timed, current_pid=6)
+    assert timed[0]["rounds"] == 30 and timed[0]["wall_seconds"] == 7.0
+    again = [dict(i) for i in invs]
+    runner.close_interrupted(tmp_path, again, current_pid=7)  # closed entries are left as they are
+    assert again == invs
+
+
 def test_data_that_loads_but_cannot_be_split_as_the_table_needs_is_missing_data(tiny_configs: Path, tmp_path: Path,
                                                                                  monkeypatch) -> None:
     """Digits-5 with two of its five domains loads, then cannot give five one-domain clients: the

@@ -362,9 +362,62 @@ def lock_holder(run_dir: Path) -> str | None:
     return describe_holder(holder) if holder is not None else None
 
 
+def _metrics_wall(run_dir: Path) -> dict[int, float]:
+    """The engine's cumulative wall time at each evaluated round (``metrics.jsonl``; a resumed run
+    carries its clock on from the checkpoint)."""
+    walls: dict[int, float] = {}
+    path = run_dir / "metrics.jsonl"
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+                walls[int(row["round"])] = float(row["wall_seconds"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return walls
+
+
+def close_interrupted(run_dir: Path, invocations: list[dict[str, Any]], current_pid: int | None) -> None:
+    """Complete the entries of invocations killed outright (SIGKILL at a session's end, the
+    out-of-memory killer) with what they kept: status ``killed``, the rounds of the checkpoint the
+    run now holds, and, for an entry left ``running`` (its process had no chance to write), the
+    engine's time from its first round to that checkpoint (``metrics.jsonl``).
+
+    Called by the next invocation, which holds the run's lock, so no other process runs the run.
+    An entry's first round is the rounds its predecessor left (0 for a new run); where that cannot be
+    read (a record written before this was kept) its rounds and time stay unknown (``None``)."""
+    from ..engine.checkpoint import saved_round
+
+    stale = [i for i, inv in enumerate(invocations)
+             if (inv.get("status") == "running" and inv.get("pid") != current_pid)
+             or (inv.get("status") == "killed" and inv.get("rounds") is None and "closed_by" not in inv)]
+    if not stale:
+        return
+    reached = saved_round(run_dir) or 0
+    walls = _metrics_wall(run_dir)
+    for i in stale:
+        inv = invocations[i]
+        was_running = inv["status"] == "running"
+        # only the latest entry ended where the run now stands; an older one was followed by others
+        first = None if i != len(invocations) - 1 else (
+            0 if i == 0 or inv.get("action") == "new" else invocations[i - 1].get("rounds"))
+        if was_running:  # a killed worker's parent timed it already
+            wall = None
+            if first is not None and reached >= int(first):
+                start = 0.0 if int(first) == 0 else walls.get(int(first))
+                end = walls.get(reached) if reached else 0.0
+                wall = round(end - start, 3) if start is not None and end is not None else None
+            inv["wall_seconds"] = wall
+        inv.update({"status": "killed", "rounds": reached if first is not None else None,
+                    "closed_by": ("the next invocation: rounds of the checkpoint it found"
+                                  + ("; engine time to it" if was_running else "")) if first is not None
+                    else "the next invocation: its rounds and time are not known"})
+
+
 def _append_record(spec: RunSpec, invocation: dict[str, Any]) -> None:
     """Record one invocation on the run; it replaces the same process's ``running`` entry (written
-    when the invocation started, so a process killed outright still leaves its commit and command)."""
+    when the invocation started, so a process killed outright still leaves its commit and command).
+    A new invocation first closes the entries of killed ones (:func:`close_interrupted`)."""
     path = spec.dir / RECORD_NAME
     record = _read_json(path) or {}
     record.update({"paper": spec.paper, "table": spec.table, "run_id": spec.run_id, "seed": spec.seed, "scale": spec.scale,
@@ -372,6 +425,8 @@ def _append_record(spec: RunSpec, invocation: dict[str, Any]) -> None:
                    "run_command": f"fednorm run --config {spec.dir / 'config.yaml'}"})
     invocations = record.setdefault("invocations", [])
     pid = invocation.get("pid")
+    if invocation.get("status") == "running":
+        close_interrupted(spec.dir, invocations, pid)
     same = [i for i, old in enumerate(invocations) if old.get("status") == "running" and pid is not None and old.get("pid") == pid]
     if same:
         invocations[same[-1]] = invocation
