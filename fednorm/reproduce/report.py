@@ -469,8 +469,8 @@ def _collect_cell(table: Table, row_id: str, col_id: str, spec: RunSpec | None, 
         mean = res["stats"][stat]["mean"]
         res["diff"][stat] = None if mean is None or cell.paper is None else mean - cell.paper
     res["rounds"] = sorted({int(r["rounds"]) for r in done if r["rounds"] is not None})
-    # reproduce.json times the invocations it saw end; one killed outright (a session's end) is not
-    # in it, while the engine's own clock (summary.json) kept counting across resumes: take the larger.
+    # reproduce.json times the invocations it saw end and those the next one closed; a record from before
+    # killed entries were closed lacks them, while the engine's clock (summary.json) kept counting: take the larger.
     res["wall_seconds"] = sum(max(float(r["wall_seconds"] or 0.0), float(r.get("engine_wall_seconds") or 0.0))
                               for r in res["runs"])
     others = [r for r in res["runs"] if r["status"] != "completed"]

@@ -381,7 +381,7 @@ def close_interrupted(run_dir: Path, invocations: list[dict[str, Any]], current_
     """Complete the entries of invocations killed outright (SIGKILL at a session's end, the
     out-of-memory killer) with what they kept: status ``killed``, the rounds of the checkpoint the
     run now holds, and, for an entry left ``running`` (its process had no chance to write), the
-    engine's time from its first round to that checkpoint (``metrics.jsonl``).
+    engine's time from its first round to that checkpoint (``metrics.jsonl``; a stacked run's share).
 
     Called by the next invocation, which holds the run's lock, so no other process runs the run.
     An entry's first round is the rounds its predecessor left (0 for a new run); where that cannot be
@@ -406,7 +406,9 @@ def close_interrupted(run_dir: Path, invocations: list[dict[str, Any]], current_
             if first is not None and reached >= int(first):
                 start = 0.0 if int(first) == 0 else walls.get(int(first))
                 end = walls.get(reached) if reached else 0.0
-                wall = round(end - start, 3) if start is not None and end is not None else None
+                # a stacked run's clock counts the whole stack, whose time its record shares out (execute_stacked)
+                share = int(inv.get("stacked_with") or 1)
+                wall = round((end - start) / share, 3) if start is not None and end is not None else None
             inv["wall_seconds"] = wall
         inv.update({"status": "killed", "rounds": reached if first is not None else None,
                     "closed_by": ("the next invocation: rounds of the checkpoint it found"
