@@ -984,3 +984,38 @@ def test_export_drops_the_scores_of_the_run_it_replaces(tmp_path: Path) -> None:
     export_runs(tmp_path / "work", tmp_path / "dest")
     assert (target / "metrics.jsonl").read_text() == (run / "metrics.jsonl").read_text()
     assert not (target / EVALUATION).exists()
+
+
+def test_a_scoring_that_fails_is_recorded_and_the_next_invocation_scores_the_finished_run(tiny_configs: Path,
+                                                                                         tmp_path: Path) -> None:
+    """The training is the result: a run whose other-test-set scoring fails (the file holds images
+    of another size) still completes, its record says what failed, and once the file is right the next
+    ``fednorm reproduce`` of the table scores the finished run without training it again."""
+    from fednorm.cli.main import main
+    from fednorm.data.datasets import load_dataset
+
+    (table,) = _tiny(tiny_configs)
+    test = load_dataset("digits", train=False)
+    data = tmp_path / "data"
+    data.mkdir()
+    np.savez(data / "own.npz", x=test.data[:, :4], y=np.asarray(test.targets))  # 4 rows of pixels: not the run's size
+    tiny = tiny_configs / "hbn" / "tiny.yaml"
+    tiny.write_text(tiny.read_text().replace("seeds: 1\n", "seeds: 1\nextra_tests: [own.npz]\n"))
+    out = tmp_path / "out"
+    args = ["reproduce", "hbn", "--configs", str(tiny_configs), "--table", "tiny", "--rows", "a", "--columns", "x",
+            "--rounds", "2", "--data-dir", str(data), "--quiet", "--no-plots", "--out", str(out), "--allow-dirty"]
+    assert main(args) == 0
+    (run,) = [p.parent for p in out.rglob(runner.RECORD_NAME)]
+    (inv,) = json.loads((run / runner.RECORD_NAME).read_text())["invocations"]
+    assert inv["status"] == "completed" and inv["rounds"] == 2
+    assert len(inv["scoring_errors"]) == 1 and inv["scoring_errors"][0].startswith("test:own.npz: ")
+    assert not (run / "evaluation.json").exists()
+    np.savez(data / "own.npz", x=test.data, y=np.asarray(test.targets))  # the run's own test images
+    metrics = (run / "metrics.jsonl").read_text()
+    assert main(args) == 0
+    assert (run / "metrics.jsonl").read_text() == metrics  # not trained again
+    entry = json.loads((run / "evaluation.json").read_text())["own.npz"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert entry["round"] == 2 and entry["accuracy"] == pytest.approx(summary["final_test_accuracy"], abs=1e-12)
+    assert runner.missing_scores(next(s for s in plan(_tiny(tiny_configs), scale="full", out=out, rows=["a"], columns=["x"],
+                                                      data_dir=str(data), overrides={"rounds": 2}))) == []

@@ -124,6 +124,21 @@ def _coverage(root: Path | None) -> int:
     return 0
 
 
+def _complete_scores(specs: list) -> None:
+    """Finished runs that lack a score on the table's other test sets or unseen clients (their
+    scoring failed, or the test file arrived later) are scored now, before the table goes on."""
+    from ..reproduce import runner
+
+    for spec in specs:
+        if not runner.missing_scores(spec):
+            continue
+        scored, failed = runner.complete_scores(spec)
+        if scored:
+            print(f"{spec.describe()}: scored on {', '.join(scored)}  {spec.dir}", flush=True)
+        for failure in failed:
+            print(f"fednorm reproduce: warning: {spec.describe()}: not scored on {failure}", file=sys.stderr, flush=True)
+
+
 def _fmt(v: Any) -> str:
     return "—" if v is None else f"{100 * v:.2f}%"
 
@@ -231,6 +246,9 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         verb = {"resume": "resumed", "extend": "extended"}.get(outcome.action, "ran")
         print(f"[{done[0]}/{total}] {spec.describe()}: {verb}, {outcome.status} after {outcome.rounds} rounds, {acc} "
               f"({outcome.wall_seconds:.1f} s)  {spec.dir}", flush=True)
+        for failure in outcome.extra.get("scoring_errors", []):
+            print(f"fednorm reproduce: warning: {spec.describe()}: not scored on {failure}; the next run of this command "
+                  "tries again", file=sys.stderr, flush=True)
 
     def on_group(specs: list, blockers: list[str]) -> None:
         first = specs[0]
@@ -243,6 +261,7 @@ def command(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         else:
             print(f"{what} stacked into one computation", flush=True)
 
+    _complete_scores([s for s, st in work if st.action == "done"])
     try:
         schedule.run_all(ready, jobs=args.jobs, command=cmd, git=git, on_done=on_done, on_group=on_group,
                        stack=args.stack != "off" and args.jobs <= 1, stack_cells=args.stack == "cells",

@@ -492,39 +492,76 @@ def finish_invocation(spec: RunSpec, action: str, base: Mapping[str, Any], resul
                       extra: Mapping[str, Any] | None = None) -> Outcome:
     """An invocation's end, alone or stacked: ``result`` is the run's RunResult, or the divergence
     or round failure that ended it (a result of the suite, read back from its summary.json);
-    a finished run is scored on the table's other test sets; the invocation's record is completed."""
+    a finished run is scored on the table's other test sets and unseen clients (a scoring that fails
+    is recorded and tried again by the next invocation: :func:`complete_scores`); the invocation's
+    record is completed."""
     error, stop_signal = None, None
     if isinstance(result, BaseException):
         summary, error = _read_json(spec.dir / "summary.json") or {"status": "failed"}, str(result)
     else:
         summary, stop_signal = result.summary, result.stop_signal
     status, rounds = str(summary.get("status")), summary.get("rounds")
+    entry = {**base, "status": status, "rounds": rounds, "wall_seconds": round(wall, 3)}
+    extra = dict(extra or {})
     if status == "completed":
-        _score_extra_tests(spec)
-        _score_unseen(spec)
-    _append_record(spec, {**base, "status": status, "rounds": rounds, "wall_seconds": round(wall, 3)})
-    return Outcome(str(spec.dir), action, status, rounds, wall, summary, error, extra=dict(extra or {}), stop_signal=stop_signal)
+        _, failed = score_missing(spec)
+        if failed:
+            entry["scoring_errors"] = extra["scoring_errors"] = failed
+    _append_record(spec, entry)
+    return Outcome(str(spec.dir), action, status, rounds, wall, summary, error, extra=extra, stop_signal=stop_signal)
 
 
-def _score_extra_tests(spec: RunSpec) -> None:
-    """A finished run also scored on its table's other test sets found in the data folder (the
-    1,000 lossless CIFAR-10 images beside the JPEG copy every run trains with), into evaluation.json."""
-    from ..evaluation import evaluate_run_on
+def missing_scores(spec: RunSpec) -> list[str]:
+    """What a completed run has not been scored on at its last round: its table's other test sets
+    found in the data folder (``test:<file>``, into evaluation.json) and its unseen clients
+    (``unseen:<name>``, into unseen.json). Empty for a run that has not completed."""
+    from ..evaluation.unseen import read_unseen
 
+    summary = _read_json(spec.dir / "summary.json") or {}
+    if summary.get("status") != "completed":
+        return []
+    rounds = summary.get("rounds")
+    scored = _read_json(spec.dir / "evaluation.json") or {}
     folder = spec.config.get("data_dir")
-    for name in spec.extra_tests:
-        path = Path(folder) / name if folder else None
-        if path is not None and path.is_file():
-            evaluate_run_on(spec.dir, path)
+    missing = [f"test:{name}" for name in spec.extra_tests
+               if folder and (Path(folder) / name).is_file() and (scored.get(name) or {}).get("round") != rounds]
+    unseen = read_unseen(spec.dir)
+    missing += [f"unseen:{name}" for name in spec.unseen if (unseen.get(name) or {}).get("round") != rounds]
+    return missing
 
 
-def _score_unseen(spec: RunSpec) -> None:
-    """A finished run scored on each client that never trained (FedBN App. G), into unseen.json."""
+def score_missing(spec: RunSpec) -> tuple[list[str], list[str]]:
+    """Score a completed run on what :func:`missing_scores` lists; (scored, failures). A failure (a
+    dataset that is not there, a run without its checkpoint) is returned, not raised: the training
+    it follows is the result, and the next invocation tries again. The caller holds the run's lock."""
+    from ..engine.checkpoint import CheckpointError
+    from ..evaluation import evaluate_run_on
     from ..evaluation.unseen import adapt_run_to_dataset
 
-    for name, u in spec.unseen.items():
-        adapt_run_to_dataset(spec.dir, u["dataset"], dataset_args=u.get("dataset_args"), name=name,
-                             num_samples=u.get("num_samples"))
+    done, failed = [], []
+    for item in missing_scores(spec):
+        kind, name = item.split(":", 1)
+        try:
+            if kind == "test":
+                evaluate_run_on(spec.dir, Path(spec.config["data_dir"]) / name)
+            else:
+                u = spec.unseen[name]
+                adapt_run_to_dataset(spec.dir, u["dataset"], dataset_args=u.get("dataset_args"), name=name,
+                                     num_samples=u.get("num_samples"))
+            done.append(item)
+        except (ConfigError, DatasetError, CheckpointError, OSError) as exc:
+            failed.append(f"{item}: {exc}")
+    return done, failed
+
+
+def complete_scores(spec: RunSpec) -> tuple[list[str], list[str]]:
+    """:func:`score_missing` on a run that is done, under its lock (a run another process holds is
+    left alone: nothing scored, nothing failed)."""
+    try:
+        with run_lock(spec.dir, "reproduce"):
+            return score_missing(spec)
+    except RunLockedError:
+        return [], []
 
 
 def states(specs: Iterable[RunSpec]) -> list[tuple[RunSpec, RunState]]:
