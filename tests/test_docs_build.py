@@ -2,7 +2,7 @@
 errors, documents every public name, and no docstring points at files the package does not ship.
 
 A public name is one in the ``__all__`` of ``fednorm``, ``fednorm.nn``, ``fednorm.methods``,
-``fednorm.data`` or ``fednorm.flower``; autodoc leaves out a member without a docstring, so a new
+``fednorm.data``, ``fednorm.flower``, ``fednorm.analysis`` or its three toys; autodoc leaves out a member without a docstring, so a new
 public name without one fails here too. A broken cross-reference (a docstring's ``:class:`X```
 with no documented ``X``, a guide's link to a missing page or anchor) is a warning, so a failure.
 """
@@ -29,6 +29,10 @@ PAGES = {  # package -> the page of the reference that documents its __all__
     "fednorm.methods": "api/methods.html",
     "fednorm.data": "api/data.html",
     "fednorm.flower": "api/flower.html",
+    "fednorm.analysis": "api/analysis.html",
+    "fednorm.analysis.hbn_toy": "api/analysis.html",
+    "fednorm.analysis.fbn_toy": "api/analysis.html",
+    "fednorm.analysis.fedbn_toy": "api/analysis.html",
 }
 
 

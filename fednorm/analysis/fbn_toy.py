@@ -43,6 +43,7 @@ from .toy_cli import toy_parser, write_toy_records
 
 __all__ = ["METHODS", "ToyResult", "class_means", "draw_round", "run_toy", "error_table", "plot_toy", "main"]
 
+#: The normalisations compared on the toy (FBN, FixBN, and naive BN with each client on its own batch's statistics).
 METHODS = ("fbn", "fixbn", "naive")
 GAMMAS = (1.0, 0.5, 0.1, 0.0)  # spec/002_fbn.md §5's recommended levels
 
@@ -231,6 +232,7 @@ def plot_toy(results: Sequence[ToyResult], table: dict, path: str | Path) -> Pat
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m fednorm.analysis.fbn_toy``: the error table over ``--seeds`` seeds and ``--gammas``, printed and written to ``--out``."""
     parser = toy_parser("fbn_toy", __doc__)
     parser.add_argument("--rounds", type=int, default=100, help="rounds (default: the paper's 100)")
     parser.add_argument("--gammas", type=str, default=",".join(f"{g:g}" for g in GAMMAS), help="comma-separated γ levels")

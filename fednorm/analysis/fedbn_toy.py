@@ -44,6 +44,7 @@ from .toy_cli import toy_parser, write_toy_records
 __all__ = ["READINGS", "ToyData", "draw_clients", "error", "error_curve", "curvature", "basin", "client_table",
            "claims", "toy_table", "plot_toy", "main"]
 
+#: The two readings of the toy's label, one that depends on each client's x/σ_k and the paper's literal y = cos(w·x).
 READINGS = ("feature_shift", "literal")
 W_TRUE = 2.0
 CLIENT_STDS = (1.0, 3.0)
@@ -188,7 +189,7 @@ def _get(record: dict, path: tuple) -> float:
 
 
 def toy_table(seeds: Sequence[int] = (0, 1, 2), readings: Sequence[str] = READINGS) -> dict:
-    """Per reading: each seed's client table and claims, and mean ± sample std of every row of :data:`_ROWS`."""
+    """Per reading: each seed's client table and claims, and mean ± sample std of every row of the table."""
     table: dict = {"seeds": list(seeds), "settings": {"w_true": W_TRUE, "client_stds": list(CLIENT_STDS), "noise_std": NOISE_STD,
                                                       "points": POINTS, "w_grid": [W_RANGE[0], W_RANGE[1], 0.001],
                                                       "basin_threshold": BASIN_THRESHOLD}, "readings": {}}
@@ -261,6 +262,7 @@ def plot_toy(seed: int, path: str | Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m fednorm.analysis.fedbn_toy``: the table over ``--seeds`` seeds, printed and written to ``--out``."""
     args = toy_parser("fedbn_toy", __doc__).parse_args(argv)
     table = toy_table(list(range(args.seeds)))
     plot = None if args.no_plot else (lambda path: plot_toy(0, path))

@@ -44,6 +44,7 @@ from .toy_cli import toy_parser, write_toy_records
 __all__ = ["SCHEMES", "Cluster", "CLUSTERS", "draw_clusters", "global_statistics", "normalise", "cluster_report",
            "toy_table", "plot_toy", "main"]
 
+#: The normalisations compared, each client by its own statistics, by the pooled ones, or by HBN's mix.
 SCHEMES = ("local", "global", "hybrid")
 EPS = 1e-5
 
@@ -59,6 +60,7 @@ class Cluster:
     batch_weight: float
 
 
+#: Fig. 2's two clients' clusters (count, centre, std, hybrid batch weight), as the spec reads the figure.
 CLUSTERS = (Cluster(300, (5.0, 5.0), 0.4, 0.7), Cluster(200, (-1.0, -1.0), 1.2, 0.3))  # spec/000_hbn.md §4 item 11
 
 
@@ -106,7 +108,7 @@ def normalise(points: Sequence[torch.Tensor], scheme: str, clusters: Sequence[Cl
 
 def cluster_report(points: Sequence[torch.Tensor]) -> dict:
     """Per cluster: mean, per-coordinate (biased) std, distance of the mean from 0 and the largest
-    |std − 1|; for the pair: centre distance, separation (centre distance over the RMS of the
+    ``|std − 1|``; for the pair: centre distance, separation (centre distance over the RMS of the
     clusters' stds) and size ratio (cluster 2's RMS std over cluster 1's)."""
     per = []
     for x in points:
@@ -193,6 +195,7 @@ def plot_toy(points: Sequence[torch.Tensor], path: str | Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m fednorm.analysis.hbn_toy``: the table over ``--seeds`` seeds, printed and written to ``--out``."""
     args = toy_parser("hbn_toy", __doc__).parse_args(argv)
     table = toy_table(list(range(args.seeds)))
     plot = None if args.no_plot else (lambda path: plot_toy(draw_clusters(0), path))
