@@ -30,8 +30,9 @@ def write_toy_records(name: str, out: Path, table: dict[str, Any], markdown: Cal
     table["command"] = f"python -m fednorm.analysis.{name} " + " ".join(argv if argv is not None else sys.argv[1:])
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(table, indent=1) + "\n")
-    (out / f"{name}.md").write_text(markdown(table))
+    text = markdown(table)
+    (out / f"{name}.md").write_text(text)
     if plot is not None:
         plot(out / f"{name}.png")
-    print(markdown(table), end="")
+    print(text, end="")
     return 0

@@ -44,9 +44,7 @@ def command(args: argparse.Namespace) -> int:
     if args.dataset_args and args.dataset is None:
         raise ConfigError("--dataset-args goes with --dataset")
     if args.dataset is not None:
-        from ..evaluation.unseen import adapt_run_to_dataset
-
-        from ..evaluation.unseen import read_unseen
+        from ..evaluation.unseen import adapt_run_to_dataset, read_unseen
 
         name = args.dataset + "".join(f"_{v}" for v in args.dataset_args.values() if isinstance(v, (str, int)))
         earlier = read_unseen(args.run_dir).get(name)
