@@ -18,6 +18,10 @@ steps.
     python benchmarks/host_overhead.py --runs 10 --rounds 3 --repeats 3
     python benchmarks/host_overhead.py --runs 10 --rounds 3 --repeats 3 --no-channels-last  # the feed loop's layout
     python benchmarks/host_overhead.py --runs 10 --rounds 3 --repeats 3 --steady-malloc     # no page-fault swings
+    python benchmarks/host_overhead.py --runs 10 --rounds 3 --repeats 3 --device cuda       # the GPU's feed bound
+
+On a GPU (``--device cuda``) both loops keep the images on the device and draw the crops on the
+host, as the engine does; each timing ends with a synchronisation, so queued kernels are counted.
 """
 
 from __future__ import annotations
@@ -66,19 +70,27 @@ def federation(samples_per_client: int, seed: int = 0) -> FederatedData:
     return FederatedData.from_tensors(clients, test, name="host_overhead", num_classes=CLASSES, augment=True)
 
 
+def sync(device: str) -> None:
+    """Wait for the device's queued work, so that a timing mark counts it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def engine(data: FederatedData, runs: int, rounds: int, batch: int, threads: int,
-           channels_last: bool = True) -> tuple[float, float, int, int]:
+           channels_last: bool = True, device: str = "cpu") -> tuple[float, float, int, int]:
     """R stacked runs of FedAvg on the free model: (wall s, CPU s, samples, steps) from the end of
     round 1 to the end of the last round. ``channels_last``: the engine's default input layout
     (off: the feed loop's NCHW, which a CPU gathers about twice as fast)."""
     configs = [ExperimentConfig(seed=s, rounds=rounds, num_clients=CLIENTS, clients_per_round=PER_ROUND, batch_size=batch,
                                 lr=0.01, momentum=0.9, eval_every=10**6, eval_last_rounds=0, checkpoint_every=0,
-                                threads=threads, drop_last=True, norm="none", channels_last=channels_last)
+                                threads=threads, drop_last=True, norm="none", channels_last=channels_last,
+                               device=device)
                for s in range(runs)]
     marks: dict[int, tuple[float, float]] = {}
 
     def on_round(record, sim) -> None:
         if sim.config.seed == runs - 1:  # the set's round is over once its last run has aggregated
+            sync(device)
             marks[record.server_round] = (time.perf_counter(), time.process_time())
 
     results, info = run_stacked(configs, data=[data] * runs, write=False, model=FreeModel(), on_round=on_round)
@@ -92,25 +104,29 @@ def engine(data: FederatedData, runs: int, rounds: int, batch: int, threads: int
     return w1 - w0, c1 - c0, (rounds - 1) * runs * PER_ROUND * len(data.client_train[0]), steps
 
 
-def feed(data: FederatedData, runs: int, steps: int, batch: int, seed: int = 0) -> tuple[float, float, int]:
+def feed(data: FederatedData, runs: int, steps: int, batch: int, seed: int = 0,
+         device: str = "cpu") -> tuple[float, float, int]:
     """The feed bound: ``steps`` SGD steps of the free model on R × 10 × B rows gathered from the
-    resident tensors with crop and flip: (wall s, CPU s, samples)."""
-    model = FreeModel()
+    resident tensors with crop and flip: (wall s, CPU s, samples). Rows and crops are drawn on the
+    host and copied over, as the engine draws them."""
+    model = FreeModel().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     g = torch.Generator().manual_seed(seed)
-    x_all, y_all = data.train_x, data.train_y
+    x_all, y_all = data.train_x.to(device), data.train_y.to(device)
     rows = runs * PER_ROUND * batch
     padding = data.info.crop_padding or 4
+    sync(device)
     w0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
-        idx = torch.randint(0, len(x_all), (rows,), generator=g)
+        idx = torch.randint(0, len(x_all), (rows,), generator=g).to(device, non_blocking=True)
         x = x_all.index_select(0, idx)
-        top, left, flipped = draw_crop_flip(rows, padding=padding, generator=g)
+        top, left, flipped = (t.to(device, non_blocking=True) for t in draw_crop_flip(rows, padding=padding, generator=g))
         x = apply_crop_flip(x, top, left, flipped, padding=padding)
         loss = F.cross_entropy(model(x), y_all.index_select(0, idx))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+    sync(device)
     return time.perf_counter() - w0, time.process_time() - c0, steps * rows
 
 
@@ -141,6 +157,7 @@ def main() -> None:
                     help="the engine's input layout (default: channels-last, the engine's default; the feed loop is NCHW)")
     ap.add_argument("--steady-malloc", action="store_true",
                     help="keep freed buffers in glibc's heap (mallopt), so that page faults do not swing either loop")
+    ap.add_argument("--device", default="cpu", help="torch device of both loops, e.g. cuda")
     ap.add_argument("--out", default="benchmarks/results/host_overhead.json")
     args = ap.parse_args()
     if args.steady_malloc and not steady_malloc():
@@ -152,11 +169,13 @@ def main() -> None:
         label += ", NCHW input (channels_last off)"
     if args.steady_malloc:
         label += ", steady malloc"
+    if args.device != "cpu":
+        label += f", on {args.device}"
     records = []
     for rep in range(args.repeats + 1):  # repeat 0 warms both up and is not kept
         e_wall, e_cpu, e_samples, steps = engine(data, args.runs, args.rounds, args.batch_size, args.threads,
-                                                 args.channels_last)
-        f_wall, f_cpu, f_samples = feed(data, args.runs, steps, args.batch_size, seed=rep)
+                                                 args.channels_last, args.device)
+        f_wall, f_cpu, f_samples = feed(data, args.runs, steps, args.batch_size, seed=rep, device=args.device)
         if rep == 0:
             continue
         rec = {"engine_samples_per_s": e_samples / e_wall, "feed_samples_per_s": f_samples / f_wall,
