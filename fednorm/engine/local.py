@@ -104,6 +104,25 @@ def batch_plan(
     return plan
 
 
+def batch_sizes(num_samples: int, batch_size: int, *, epochs: int = 1, steps: int | None = None,
+                drop_last: bool = False) -> list[int]:
+    """The sizes of :func:`batch_plan`'s batches, without drawing them.
+
+    The generator picks which samples a batch holds, never how many, so bookkeeping that needs
+    only the counts (samples trained, a synchronised step's total batch) costs no permutation
+    and, on a GPU, no copy to the device.
+    """
+    if num_samples <= 0:
+        return []
+    if steps is not None:
+        return [min(batch_size, num_samples)] * steps
+    full, rest = divmod(num_samples, batch_size)
+    epoch = [batch_size] * full + ([rest] if rest else [])
+    if len(epoch) > 1 and (drop_last and epoch[-1] < batch_size or epoch[-1] == 1):
+        epoch = epoch[:-1]
+    return epoch * epochs
+
+
 def small_clients_message(sizes: Sequence[int], batch_size: int) -> str | None:
     """The warning for clients holding fewer samples than one batch, else None.
 

@@ -1,6 +1,10 @@
 import torch
 
-from fednorm.engine.local import batch_plan
+import itertools
+
+import pytest
+
+from fednorm.engine.local import batch_plan, batch_sizes
 from fednorm.engine.rng import derive_seed, torch_generator
 
 
@@ -60,3 +64,20 @@ def test_the_written_out_sgd_step_equals_torch_optim_sgd_bit_for_bit() -> None:
             opt.step()
             for p, q in zip(a, b):
                 assert torch.equal(p, q)
+
+
+def test_batch_sizes_are_the_drawn_plans_sizes_for_every_setting():
+    # The counts the bookkeeping uses must be what the streams draw, whatever the seed.
+    for n, b, epochs, steps, drop_last in itertools.product(range(0, 14), (1, 2, 3, 4, 5, 8, 16), (1, 2, 3), (None, 1, 4),
+                                                            (False, True)):
+        for seed in (0, 7):
+            drawn = [len(x) for x in batch_plan(n, b, epochs=epochs, steps=steps, drop_last=drop_last,
+                                                generator=torch.Generator().manual_seed(seed))]
+            assert batch_sizes(n, b, epochs=epochs, steps=steps, drop_last=drop_last) == drawn, (n, b, epochs, steps, drop_last)
+
+
+@pytest.mark.parametrize("n,b,drop_last,expected", [(11, 5, False, [5, 5]), (13, 5, True, [5, 5]), (13, 5, False, [5, 5, 3]),
+                                                    (1, 5, False, [1]), (1, 5, True, [1]), (10, 5, True, [5, 5])])
+def test_batch_sizes_by_hand(n, b, drop_last, expected):
+    # A trailing singleton goes (BatchNorm cannot normalise it); a lone short batch stays even with drop_last.
+    assert batch_sizes(n, b, drop_last=drop_last) == expected

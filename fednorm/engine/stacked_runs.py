@@ -244,7 +244,7 @@ class StackedRunsExecutor(VectorizedExecutor):
         """The samples ``clients`` of ``run`` train in a round: their batch plans' sizes (the
         stream picks which samples, not how many)."""
         data = self.sims[run].data
-        return sum(sum(len(b) for b in self._batch_plan(len(data.client_train[c]), torch.Generator())) for c in clients)
+        return sum(sum(self._batch_sizes(len(data.client_train[c]))) for c in clients)
 
     def snapshot(self, requests: dict[int, list[int]]) -> dict[int, dict[int, dict[str, torch.Tensor] | None]]:
         """Each requested client's local state before a joint round (the bank replaces a client's

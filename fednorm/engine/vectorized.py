@@ -48,7 +48,7 @@ from .bank import ClientStateBank
 from .client_rows import ClientRows
 from .executor import MOMENTUM_PREFIX, Executor, stack_uploads
 from .feed import StepFeed, crop_rows, crop_source, to_device
-from .local import LocalSpec, batch_plan, train_local
+from .local import LocalSpec, batch_plan, batch_sizes, train_local
 from .lockstep import scale_client_grads, synced_loss
 from .rng import derive_seed, torch_generator
 from .stack_memory import COPIES_PER_CLIENT, client_bytes, clients_that_fit, lockstep_overflow, stack_budget
@@ -600,9 +600,15 @@ class VectorizedExecutor(Executor):
             return None
         total = 0
         for c in self.round_clients:
-            plan = self._batch_plan(len(self.data.client_train[c]), torch.Generator(), device="cpu")
-            total += len(plan[t]) if t < len(plan) else 0
+            sizes = self._batch_sizes(len(self.data.client_train[c]))
+            total += sizes[t] if t < len(sizes) else 0
         return total
+
+    def _batch_sizes(self, num_samples: int) -> list[int]:
+        """The sizes of :meth:`_batch_plan`'s batches for a client of ``num_samples``, drawn from no stream."""
+        spec = self.spec
+        return batch_sizes(num_samples, spec.batch_size, epochs=spec.epochs, steps=1 if spec.dsgd else spec.steps,
+                           drop_last=spec.drop_last)
 
     def _batch_plan(self, num_samples: int, generator: torch.Generator, device: torch.device | str | None = None) -> list[torch.Tensor]:
         spec = self.spec
