@@ -198,9 +198,14 @@ TABLES: dict[str, Callable[[Path], str]] = {
         ("CIFAR-10, HBN (`default` preset, `--method hbn --norm hbn`)", load("stacked_runs_hbn_cifar10.json", d)),
     ]),
     "stacked_runs_gpu": lambda d: stacked_runs_table([
-        ("10 runs of FedAvg+BN", load("stacked_runs_gpu_h200_bn10.json", d)),
-        ("30 runs of FedAvg+BN", load("stacked_runs_gpu_h200_bn30.json", d)),
-        ("6 runs of HBN (`default` preset, `--method hbn --norm hbn`)", load("stacked_runs_gpu_h200_hbn6.json", d)),
+        ("10 runs of FedAvg+BN, before issue 49 (`1cb9df0`, 2026-11-28)", load("stacked_runs_gpu_h200_bn10.json", d)),
+        ("30 runs of FedAvg+BN, before issue 49", load("stacked_runs_gpu_h200_bn30.json", d)),
+        ("6 runs of HBN (`default` preset, `--method hbn --norm hbn`), before issue 49", load("stacked_runs_gpu_h200_hbn6.json", d)),
+        ("10 runs of FedAvg+BN, after issue 49 (`914ff96`, 2026-11-30)", load("stacked_runs_gpu_h200_bn10_914ff96.json", d)),
+        ("30 runs of FedAvg+BN, after issue 49 (`914ff96`)", load("stacked_runs_gpu_h200_bn30_914ff96.json", d)),
+        ("6 runs of HBN (`default` preset), after issue 49 (`914ff96`)", load("stacked_runs_gpu_h200_hbn6_914ff96.json", d)),
+        ("10 runs of FedAvg+BN, samples counted without drawing (`85bfe1d`)", load("stacked_runs_gpu_h200_bn10_85bfe1d.json", d)),
+        ("30 runs of FedAvg+BN, samples counted without drawing (`85bfe1d`)", load("stacked_runs_gpu_h200_bn30_85bfe1d.json", d)),
     ], first="what ran (one H200, 1 thread, `--synthetic`)"),
     "host_overhead": lambda d: host_overhead_table([
         ("per-row gather and crop on the host (before issue 49)", load("host_overhead_before.json", d)),
@@ -211,6 +216,10 @@ TABLES: dict[str, Callable[[Path], str]] = {
         ("before the line gather, run right after rows seven and eight, `--steady-malloc`", load("host_overhead_prev.json", d)),
         ("crops gathered as whole lines, `--steady-malloc`", load("host_overhead_lines.json", d)),
         ("the same, `--steady-malloc --no-channels-last` (NCHW input)", load("host_overhead_lines_nchw.json", d)),
+    ]),
+    "host_overhead_gpu": lambda d: host_overhead_table([
+        ("after issue 49, `--device cuda` (one H200)", load("host_overhead_gpu_h200_914ff96.json", d)),
+        ("samples counted without drawing, `--device cuda` (one H200)", load("host_overhead_gpu_h200_85bfe1d.json", d)),
     ]),
     "fedtan_split_b128": lambda d: fedtan_split_table(load("fedtan_split_b128.json", d)),
     "round_vs_centralized": lambda d: round_vs_centralized_table(
