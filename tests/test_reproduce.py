@@ -1019,3 +1019,64 @@ def test_a_scoring_that_fails_is_recorded_and_the_next_invocation_scores_the_fin
     assert entry["round"] == 2 and entry["accuracy"] == pytest.approx(summary["final_test_accuracy"], abs=1e-12)
     assert runner.missing_scores(next(s for s in plan(_tiny(tiny_configs), scale="full", out=out, rows=["a"], columns=["x"],
                                                       data_dir=str(data), overrides={"rounds": 2}))) == []
+
+
+def _many_client_run(root: Path, clients: int, status: str, evaluations: int = 4) -> Path:
+    """A run directory whose evaluations carry ``clients`` per-client accuracies."""
+    run = _export_run(root, evaluations, status)
+    rows = [{"test_accuracy": 0.1 * r, "client_accuracies": [(r + c) % 7 / 7 for c in range(clients)], "round": r}
+            for r in range(1, evaluations + 1)]
+    rows.insert(2, {"round": 2, "note": "a row without the list"})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "reproduce.json").write_text(json.dumps({"invocations": []}))
+    return run
+
+
+def test_thin_metrics_keeps_the_last_per_client_list_and_every_other_figure() -> None:
+    from fednorm.reproduce.export import thin_metrics
+
+    rows = [{"round": r, "test_accuracy": r / 10, "client_accuracies": [r / (c + 1) for c in range(5)]} for r in range(1, 5)]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    thinned, left_out = thin_metrics(text, limit=4)
+    parsed = [json.loads(line) for line in thinned.splitlines()]
+    assert parsed[:-1] == [{k: v for k, v in r.items() if k != "client_accuracies"} for r in rows[:-1]]
+    assert thinned.splitlines()[-1] == text.splitlines()[-1]  # the kept line byte for byte
+    assert left_out == {"field": "client_accuracies", "kept_at_round": 4, "clients": 5, "evaluations_thinned": 3,
+                        "source_bytes": len(text.encode())}
+    assert thin_metrics(thinned, limit=4) == (thinned, None)  # a thinned text is left as it is
+    assert thin_metrics(text, limit=5) == (text, None)  # lists of at most ``limit`` clients stay
+
+
+def test_export_thins_a_finished_many_client_run_and_replaces_a_whole_copy_of_the_same_run(tmp_path: Path) -> None:
+    """HBN Table 3's K = 1,000 runs: the committed copy keeps each client's accuracy at the last
+    evaluation only, says so in its record, and an earlier whole export of the same run is
+    replaced by the thinned one (not kept as another run's record)."""
+    from fednorm.reproduce.export import THIN_CLIENTS, THINNED_RECORD, export_runs
+
+    run = _many_client_run(tmp_path / "work", THIN_CLIENTS + 1, "completed")
+    source = (run / "metrics.jsonl").read_text()
+    whole = _many_client_run(tmp_path / "dest", THIN_CLIENTS + 1, "completed")  # an export from before the thinning
+    done = export_runs(tmp_path / "work", tmp_path / "dest")
+    assert done.copied == [whole]
+    rows = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("test_accuracy") for r in rows] == [json.loads(line).get("test_accuracy") for line in source.splitlines()]
+    assert [r["round"] for r in rows if "client_accuracies" in r] == [4]
+    record = json.loads((whole / "reproduce.json").read_text())
+    assert record[THINNED_RECORD]["kept_at_round"] == 4 and record[THINNED_RECORD]["evaluations_thinned"] == 3
+    assert (run / "metrics.jsonl").read_text() == source  # the working copy keeps everything
+    first = (whole / "metrics.jsonl").read_bytes()
+    export_runs(tmp_path / "work", tmp_path / "dest")  # again: the same run, copied over itself
+    assert (whole / "metrics.jsonl").read_bytes() == first
+
+
+@pytest.mark.parametrize("extra, status", [(0, "completed"), (1, "interrupted")])
+def test_export_copies_a_run_whole_below_the_limit_or_while_it_must_resume(tmp_path: Path, extra: int, status: str) -> None:
+    """Runs of at most THIN_CLIENTS clients (every table but HBN Table 3) and unfinished runs (they
+    resume from the copy, reading their whole history) are exported byte for byte."""
+    from fednorm.reproduce.export import THIN_CLIENTS, THINNED_RECORD, export_runs
+
+    run = _many_client_run(tmp_path / "work", THIN_CLIENTS + extra, status)
+    export_runs(tmp_path / "work", tmp_path / "dest")
+    target = tmp_path / "dest" / run.relative_to(tmp_path / "work")
+    assert (target / "metrics.jsonl").read_bytes() == (run / "metrics.jsonl").read_bytes()
+    assert THINNED_RECORD not in json.loads((target / "reproduce.json").read_text())

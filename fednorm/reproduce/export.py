@@ -26,8 +26,8 @@ from pathlib import Path
 
 from .runner import RECORD_NAME
 
-__all__ = ["RECORD_FILES", "CHECKPOINT", "EVALUATION", "FINISHED_CHECKPOINT_LIMIT", "COMPACTED_RECORD", "ExportResult",
-           "export_runs"]
+__all__ = ["RECORD_FILES", "CHECKPOINT", "EVALUATION", "FINISHED_CHECKPOINT_LIMIT", "COMPACTED_RECORD", "THIN_CLIENTS",
+           "THINNED_RECORD", "ExportResult", "export_runs", "thin_metrics"]
 
 #: The files of a run directory that make its result (what the report and a reader need): text only.
 #: Its ``accuracy.png`` is drawn from ``metrics.jsonl`` (``fednorm report RUN_DIR``'s curves) and stays behind: 121 of
@@ -42,6 +42,14 @@ EVALUATION = "evaluation.json"
 FINISHED_CHECKPOINT_LIMIT = 5 * 1024 * 1024
 #: Key of the run record listing the exports whose checkpoint kept only the clients' mean momentum.
 COMPACTED_RECORD = "compacted_checkpoints"
+#: Clients above which a finished run's exported ``metrics.jsonl`` keeps each client's accuracy at its last
+#: evaluation only. HBN Table 3's K = 1,000 runs write 1,000 of them at each of 59 evaluations (850 KB a
+#: run, most of it per-client accuracies of about ten test images each): the table's 96 runs would not fit
+#: a tree that travels in 64 MiB. Every other figure of every evaluation stays, the global and the mean
+#: client accuracy included; runs of up to this many clients (every other table) are copied as they are.
+THIN_CLIENTS = 200
+#: Key of the exported run record that says what the thinning left out.
+THINNED_RECORD = "thinned_metrics"
 
 
 @dataclass
@@ -79,10 +87,54 @@ def _run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.glob("*/*/seed*/config.yaml") if not p.parts[len(root.parts)].startswith("_"))
 
 
+def thin_metrics(text: str, limit: int = THIN_CLIENTS) -> tuple[str, dict | None]:
+    """``metrics.jsonl``'s text with ``client_accuracies`` lists of more than ``limit`` clients left
+    out of every evaluation but the last that has one, and what was left out (``None``: nothing).
+    Other lines are kept byte for byte, so thinning a thinned text changes nothing."""
+    lines = text.splitlines(keepends=True)
+    rows: list[dict | None] = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        rows.append(row if isinstance(row, dict) else None)
+    long = [i for i, row in enumerate(rows)
+            if row is not None and isinstance(row.get("client_accuracies"), list) and len(row["client_accuracies"]) > limit]
+    if len(long) <= 1:
+        return text, None
+    for i in long[:-1]:
+        row = {k: v for k, v in rows[i].items() if k != "client_accuracies"}
+        lines[i] = json.dumps(row) + ("\n" if lines[i].endswith("\n") else "")
+    last = rows[long[-1]]
+    return "".join(lines), {"field": "client_accuracies", "kept_at_round": last.get("round"),
+                            "clients": len(last["client_accuracies"]), "evaluations_thinned": len(long) - 1,
+                            "source_bytes": len(text.encode())}
+
+
 def _same_history(a: Path, b: Path) -> bool:
-    """Whether two run directories hold the same evaluations (the same run, not a rerun)."""
+    """Whether two run directories hold the same evaluations (the same run, not a rerun), the
+    per-client accuracies an export thins left aside."""
     ma, mb = a / "metrics.jsonl", b / "metrics.jsonl"
-    return ma.is_file() and mb.is_file() and ma.read_bytes() == mb.read_bytes()
+    if not (ma.is_file() and mb.is_file()):
+        return False
+    ta, tb = ma.read_text(), mb.read_text()
+    return ta == tb or thin_metrics(ta)[0] == thin_metrics(tb)[0]
+
+
+def _copy_metrics(run: Path, target: Path, thin: bool) -> None:
+    """Copy the run's ``metrics.jsonl``; a finished run's thinned (:func:`thin_metrics`), with a note
+    in the exported record of what was left out."""
+    source = run / "metrics.jsonl"
+    text, left_out = thin_metrics(source.read_text()) if thin else (None, None)
+    if left_out is None:
+        shutil.copy2(source, target / "metrics.jsonl")
+        return
+    (target / "metrics.jsonl").write_text(text)
+    path = target / RECORD_NAME
+    record = _read(path)
+    record[THINNED_RECORD] = left_out
+    path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def _merge_evaluations(source: Path, target: Path, rounds: int, same_run: bool) -> None:
@@ -173,17 +225,22 @@ def export_runs(source: str | Path, dest: str | Path, *, checkpoints: bool = Fal
                 result.kept.append(target)
                 continue
         target.mkdir(parents=True, exist_ok=True)
-        for name in RECORD_FILES:
-            if (run / name).is_file():
-                shutil.copy2(run / name, target / name)
-            elif name != RECORD_NAME and (target / name).is_file():
-                (target / name).unlink()  # a stale file of an earlier export (e.g. a summary the run no longer has)
-        _merge_evaluations(run / EVALUATION, target / EVALUATION, rounds, same_run=same)
-        stale = target / CHECKPOINT
         record = _read(run / RECORD_NAME)
         # A full-scale run stopped at a stated fraction (--rounds) is finished for now but will be
         # extended: it keeps its checkpoint until it has the paper's rounds.
         partial = record.get("scale") == "full" and rounds < int(record.get("paper_rounds") or 0)
+        for name in RECORD_FILES:
+            if name == "metrics.jsonl" and (run / name).is_file():
+                continue  # after the record, which notes a thinning
+            if (run / name).is_file():
+                shutil.copy2(run / name, target / name)
+            elif name != RECORD_NAME and (target / name).is_file():
+                (target / name).unlink()  # a stale file of an earlier export (e.g. a summary the run no longer has)
+        if (run / "metrics.jsonl").is_file():
+            # only a finished run is thinned: one that resumes from the copy reads its whole history
+            _copy_metrics(run, target, thin=finished and not partial)
+        _merge_evaluations(run / EVALUATION, target / EVALUATION, rounds, same_run=same)
+        stale = target / CHECKPOINT
         source_ckpt = run / CHECKPOINT
         small = source_ckpt.is_file() and source_ckpt.stat().st_size <= finished_limit
         if checkpoints and source_ckpt.is_file() and (not finished or partial or small):
