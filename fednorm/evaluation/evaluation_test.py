@@ -66,6 +66,17 @@ def test_images_of_another_size_are_one_line(tmp_path, capsys):
     assert "holds 32×32×3 images; the run trained on 8×8×1" in capsys.readouterr().err
 
 
+def test_a_truncated_test_file_is_one_line(tmp_path, capsys):
+    # A copy cut short (an interrupted transfer) is a zip whose members are missing: BadZipFile, not OSError.
+    run = tmp_path / "run"
+    api.run(dataset="digits", num_clients=3, model="mlp", rounds=1, seed=1, out=str(run), progress=False)
+    whole = tmp_path / "whole.npz"
+    np.savez(whole, x=np.zeros((4, 8, 8, 1), np.uint8), y=np.zeros(4, np.int64))
+    (tmp_path / "cut.npz").write_bytes(whole.read_bytes()[:200])
+    assert main(["evaluate", str(run), "--test-file", str(tmp_path / "cut.npz")]) == 2
+    assert "cut.npz is not an .npz with arrays x" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a GPU run scored where there is no GPU")
 def test_a_run_made_on_a_gpu_is_scored_on_the_cpu(tmp_path):
     """The FedTAN and LN runs trained on a lent GPU; scoring them here failed inside torch's CUDA

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ def _load_test_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with np.load(path) as f:
             x, y = f["x"], f["y"]
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # a truncated copy raises the last two
         raise DatasetError(f"{path} is not an .npz with arrays x (N×H×W×C uint8) and y (N labels): {exc}") from None
     if x.ndim != 4 or y.ndim != 1 or len(x) != len(y):
         raise DatasetError(f"{path} holds x of shape {x.shape} and y of shape {y.shape}; expected N×H×W×C and N")
