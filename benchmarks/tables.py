@@ -216,6 +216,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
         ("before the line gather, run right after rows seven and eight, `--steady-malloc`", load("host_overhead_prev.json", d)),
         ("crops gathered as whole lines, `--steady-malloc`", load("host_overhead_lines.json", d)),
         ("the same, `--steady-malloc --no-channels-last` (NCHW input)", load("host_overhead_lines_nchw.json", d)),
+        ("before counting samples without drawing, `--steady-malloc`", load("host_overhead_cpu_914ff96.json", d)),
+        ("samples counted without drawing, run right after it, `--steady-malloc`", load("host_overhead_cpu_d80eda8.json", d)),
     ]),
     "host_overhead_gpu": lambda d: host_overhead_table([
         ("after issue 49, `--device cuda` (one H200)", load("host_overhead_gpu_h200_914ff96.json", d)),
