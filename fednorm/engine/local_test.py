@@ -1,8 +1,7 @@
-import torch
-
 import itertools
 
 import pytest
+import torch
 
 from fednorm.engine.local import batch_plan, batch_sizes
 from fednorm.engine.rng import derive_seed, torch_generator
