@@ -887,6 +887,10 @@ def test_only_the_latest_killed_entry_gets_the_runs_rounds(tmp_path: Path) -> No
     stacked = [{"action": "new", "status": "running", "rounds": None, "wall_seconds": 0.0, "pid": 2, "stacked_with": 3}]
     runner.close_interrupted(tmp_path, stacked, current_pid=4)  # the stack's clock, shared as a finished stack's is
     assert stacked[0]["rounds"] == 30 and stacked[0]["wall_seconds"] == pytest.approx(1.5 * 30 / 3)
+    own = [{"action": "new", "status": "running", "rounds": None, "wall_seconds": 0.0, "pid": 2, "stacked_with": 3,
+            "engine_clock": "per run"}]
+    runner.close_interrupted(tmp_path, own, current_pid=4)  # a clock that counts the run's own share already
+    assert own[0]["rounds"] == 30 and own[0]["wall_seconds"] == pytest.approx(1.5 * 30)
     timed = [{"action": "new", "status": "killed", "rounds": None, "wall_seconds": 7.0, "pid": 5}]
     runner.close_interrupted(tmp_path, timed, current_pid=6)
     assert timed[0]["rounds"] == 30 and timed[0]["wall_seconds"] == 7.0

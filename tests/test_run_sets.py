@@ -309,3 +309,22 @@ def test_a_directory_made_read_only_mid_run_ends_in_one_line_with_the_round_and_
     text = str(err.value)
     assert "\n" not in text and "[Errno" not in text and "Read-only file system" in text
     assert f"the last good checkpoint is round 1; make the directory writable again, then: fednorm run --resume {out}" in text
+
+
+@pytest.mark.parametrize("stack", [True, False])
+def test_a_set_counts_each_second_once_in_its_runs_clocks(stack, monkeypatch):
+    """Each run's ``wall_seconds`` is its own planning, its share of the training and its own server
+    work and evaluations: the runs' clocks add up to no more than the set took. A run's clock ran
+    from the joint round's start to its own aggregation, so the third run of three counted the
+    training three times over and the first two runs' aggregation and evaluation besides.
+    ``stack=False``: runs that cannot stack train one after another, each its own time."""
+    if not stack:
+        monkeypatch.setattr("fednorm.api.run_set.stack_blockers", lambda *a, **k: ["refused here"])
+    configs = [ExperimentConfig(**{**BASE, "rounds": 3}, seed=s) for s in range(3)]
+    started = time.perf_counter()
+    results, info = run_stacked(configs, write=False)
+    elapsed = time.perf_counter() - started
+    assert info["joint_rounds"] == (3 if stack else 0)
+    clocks = [r.history[-1]["wall_seconds"] for r in results]
+    assert all(c > 0 for c in clocks)
+    assert sum(clocks) <= elapsed

@@ -25,6 +25,8 @@ the same set gives the same bits twice, and the same bits after a kill and a res
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -203,20 +205,26 @@ def _drive(sessions: list[RunSession], runs: list[int], executor: StackedRunsExe
             return
         server_round = min(by_run[r].next_round for r in active)
         plans: dict[int, RoundPlan] = {}
+        planning: dict[int, float] = {}
         for r in active:
             if by_run[r].next_round != server_round:
                 continue  # ahead of the others (resumed later): it waits for them
             try:
+                t0 = time.perf_counter()
                 plans[r] = by_run[r].sim.begin_round()
+                planning[r] = time.perf_counter() - t0
             except RUN_FAILURES as exc:
                 by_run[r].fail(exc)
-        trained = _train(by_run, plans, executor, info)
+        trained, training = _train(by_run, plans, executor, info)
         for r, plan in plans.items():
             s = by_run[r]
             outcome = trained.get(r)
             if isinstance(outcome, BaseException):
                 s.fail(outcome)
                 continue
+            # The run's round clock: its own planning, its part of the training, then its own server
+            # work, not the aggregation and evaluation of the runs before it in this loop.
+            plan = dataclasses.replace(plan, start=time.perf_counter() - planning[r] - training.get(r, 0.0))
             try:
                 record = s.sim.server_update(plan, outcome)
                 s.sim.finish_round(record)
@@ -231,13 +239,15 @@ def _drive(sessions: list[RunSession], runs: list[int], executor: StackedRunsExe
 
 
 def _train(by_run: dict[int, RunSession], plans: dict[int, RoundPlan], executor: StackedRunsExecutor | None,
-           info: dict[str, Any]) -> dict[int, ClientUpdates | BaseException]:
+           info: dict[str, Any]) -> tuple[dict[int, ClientUpdates | BaseException], dict[int, float]]:
     """The round's local training of every planned run: together, or (cannot stack, or the joint
-    round diverged) each run on its own executor."""
+    round diverged) each run on its own executor. Also each run's seconds of it: an equal share
+    of a joint round (and of a joint attempt undone), a run trained alone its own time."""
     requests = {r: plan.training for r, plan in plans.items() if plan.training}
     if not requests:
-        return {}
+        return {}, {}
     server_round = next(iter(plans.values())).server_round
+    started = time.perf_counter()
     if executor is not None:
         saved = executor.snapshot(requests)
         try:
@@ -246,14 +256,18 @@ def _train(by_run: dict[int, RunSession], plans: dict[int, RoundPlan], executor:
             for r, clients in requests.items():
                 by_run[r].sim.note_training(executor.samples_seen(r, clients), executor.run_traffic.get(r))
             info["joint_rounds"] += 1
-            return out
+            share = (time.perf_counter() - started) / len(requests)
+            return out, {r: share for r in requests}
         except DivergenceError:  # one run's clients diverged: undo the round, train each run alone
             executor.restore(saved)
             info["separate_rounds"] += 1
-    out = {}
+    undone = (time.perf_counter() - started) / len(requests)
+    out, seconds = {}, {}
     for r, clients in requests.items():
+        t0 = time.perf_counter()
         try:
             out[r] = by_run[r].sim.train_clients(server_round, clients, plans[r].lr)
         except RUN_FAILURES as exc:
             out[r] = exc
-    return out
+        seconds[r] = undone + time.perf_counter() - t0
+    return out, seconds

@@ -406,8 +406,9 @@ def close_interrupted(run_dir: Path, invocations: list[dict[str, Any]], current_
             if first is not None and reached >= int(first):
                 start = 0.0 if int(first) == 0 else walls.get(int(first))
                 end = walls.get(reached) if reached else 0.0
-                # a stacked run's clock counts the whole stack, whose time its record shares out (execute_stacked)
-                share = int(inv.get("stacked_with") or 1)
+                # a stacked run's clock counted the whole stack in entries from before the clock was per run
+                # (no engine_clock), whose time its record shares out (execute_stacked)
+                share = 1 if inv.get("engine_clock") == "per run" else int(inv.get("stacked_with") or 1)
                 wall = round((end - start) / share, 3) if start is not None and end is not None else None
             inv["wall_seconds"] = wall
         inv.update({"status": "killed", "rounds": reached if first is not None else None,

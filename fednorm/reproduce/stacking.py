@@ -87,8 +87,10 @@ def execute_stacked(group: Sequence[tuple[RunSpec, RunState]], *, command: str =
             states = [group[i][1] for i in todo]
             threads = torch.get_num_threads()
             started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            # engine_clock: each run's metrics.jsonl clock counts its own share of the stack (run_set._drive),
+            # not the stack's time as before it, which close_interrupted divided
             bases = [{"started": started, "action": st.action, "command": command, "pid": os.getpid(), "stacked_with": len(todo),
-                      **(git or {})} for st in states]
+                      "engine_clock": "per run", **(git or {})} for st in states]
             for spec, base in zip(specs, bases):
                 _append_record(spec, {**base, "status": "running", "rounds": None, "wall_seconds": 0.0})
             start = time.perf_counter()
