@@ -94,13 +94,11 @@ def batch_plan(
             have += num_samples
         flat = torch.cat(stream)
         return [flat[i * bs : (i + 1) * bs] for i in range(steps)]
+    per_epoch = len(batch_sizes(num_samples, batch_size, drop_last=drop_last))  # the trailing-batch rule, in one place
     plan: list[torch.Tensor] = []
     for _ in range(epochs):
         perm = torch.randperm(num_samples, generator=generator)
-        chunks = list(perm.split(batch_size))
-        if len(chunks) > 1 and (drop_last and len(chunks[-1]) < batch_size or len(chunks[-1]) == 1):
-            chunks = chunks[:-1]
-        plan.extend(chunks)
+        plan.extend(perm.split(batch_size)[:per_epoch])
     return plan
 
 

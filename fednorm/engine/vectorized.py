@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -604,16 +604,17 @@ class VectorizedExecutor(Executor):
             total += sizes[t] if t < len(sizes) else 0
         return total
 
+    def _plan_shape(self) -> dict[str, Any]:
+        """The local spec's batch settings, shared by :meth:`_batch_plan` and :meth:`_batch_sizes`."""
+        spec = self.spec
+        return {"epochs": spec.epochs, "steps": 1 if spec.dsgd else spec.steps, "drop_last": spec.drop_last}
+
     def _batch_sizes(self, num_samples: int) -> list[int]:
         """The sizes of :meth:`_batch_plan`'s batches for a client of ``num_samples``, drawn from no stream."""
-        spec = self.spec
-        return batch_sizes(num_samples, spec.batch_size, epochs=spec.epochs, steps=1 if spec.dsgd else spec.steps,
-                           drop_last=spec.drop_last)
+        return batch_sizes(num_samples, self.spec.batch_size, **self._plan_shape())
 
     def _batch_plan(self, num_samples: int, generator: torch.Generator, device: torch.device | str | None = None) -> list[torch.Tensor]:
-        spec = self.spec
-        return batch_plan(num_samples, spec.batch_size, epochs=spec.epochs, steps=1 if spec.dsgd else spec.steps,
-                          drop_last=spec.drop_last, generator=generator,
+        return batch_plan(num_samples, self.spec.batch_size, **self._plan_shape(), generator=generator,
                           device=self.data.train_x.device if device is None else device)
 
     def _gather_samples(self, members, plans, indices, gens, t):
